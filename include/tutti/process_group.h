@@ -1,0 +1,92 @@
+// The world, process groups, and tutti's lifetime.
+//
+//   tutti::init();                       // under mpirun, or alone (world of 1)
+//   auto world = tutti::world();
+//   world->allreduce(grad, tutti::ReduceOp::kAvg);
+//   tutti::shutdown();
+//
+// A ProcessGroup is a Communicator that routes each operation by the device
+// of its tensors: host tensors go over MPI, CUDA tensors over NCCL (created
+// lazily for the tensor's device, bootstrapped over MPI).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tutti/comm.h"
+#include "tutti/export.h"
+
+namespace tutti {
+
+struct InitOptions {
+  // "auto": MPI when started by a launcher (mpirun/srun) or when the
+  // application already initialised MPI, else a world of one without MPI.
+  // "mpi": always MPI (a singleton MPI job without a launcher).
+  // "local": a world of one without MPI.  Default from TUTTI_WORLD.
+  std::string world;
+};
+
+// Initialises tutti (and MPI if it is not initialised yet; tutti then also
+// finalises it in shutdown()).  Idempotent.  With an MPI the application
+// initialised, tutti cooperates: it duplicates MPI_COMM_WORLD, never
+// finalises MPI, and, if the thread level is below MPI_THREAD_MULTIPLE, runs
+// every operation on the calling thread (no overlap; logged as a warning).
+TUTTI_API void init(const InitOptions& options = {});
+// Waits for outstanding operations, stops tutti's threads and releases its
+// communicators.  Idempotent.  After a timeout made a communicator unusable
+// MPI is not finalised (it could hang); the process should exit.
+TUTTI_API void shutdown();
+TUTTI_API bool initialized();
+
+// World rank/size and the position on this node (ranks sharing memory).
+TUTTI_API int rank();
+TUTTI_API int size();
+TUTTI_API int local_rank();
+TUTTI_API int local_size();
+
+class ProcessGroupImpl;
+
+class TUTTI_API ProcessGroup : public Communicator {
+ public:
+  explicit ProcessGroup(std::unique_ptr<ProcessGroupImpl> impl);
+  ~ProcessGroup() override;
+
+  int rank() const override;
+  int size() const override;
+  std::string backend() const override { return "group"; }
+  std::string name() const override;
+  WorkPtr submit(const OpRequest& request, bool blocking) override;
+  std::shared_ptr<Communicator> split(int color, int key,
+                                      const std::string& name) override;
+
+  // split(), typed.
+  std::shared_ptr<ProcessGroup> split_group(int color, int key,
+                                            const std::string& name);
+  // The ranks of this group on this node (MPI_COMM_TYPE_SHARED), and one
+  // rank per node with the same local rank: the two levels of a
+  // hierarchical all-reduce.  Collective; cached after the first call.
+  std::shared_ptr<ProcessGroup> node_group();
+  std::shared_ptr<ProcessGroup> cross_node_group();
+  // World rank of a rank of this group.
+  int world_rank(int group_rank) const;
+  // The communicator used for host tensors.
+  CommunicatorPtr cpu_communicator();
+  // The communicator used for tensors on CUDA device `device` (created on
+  // first use; collective).  Error(kUnsupported) in a build without NCCL.
+  CommunicatorPtr cuda_communicator(int device);
+  // Waits for every operation submitted so far on every backend.
+  void synchronize();
+
+  ProcessGroupImpl* impl() { return impl_.get(); }
+
+ private:
+  std::unique_ptr<ProcessGroupImpl> impl_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// The world group.  Error(kInvalidArgument) before init().
+TUTTI_API ProcessGroupPtr world();
+
+}  // namespace tutti

@@ -1,0 +1,15 @@
+// tutti: a distributed training runtime.  Include this for the whole API.
+#pragma once
+
+#define TUTTI_VERSION_MAJOR 0
+#define TUTTI_VERSION_MINOR 1
+#define TUTTI_VERSION_PATCH 0
+
+#include "tutti/comm.h"
+#include "tutti/config.h"
+#include "tutti/device.h"
+#include "tutti/dtype.h"
+#include "tutti/error.h"
+#include "tutti/log.h"
+#include "tutti/process_group.h"
+#include "tutti/tensor.h"

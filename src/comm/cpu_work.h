@@ -1,0 +1,41 @@
+// A Work completed by the thread that runs the operation (host backends).
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "tutti/comm.h"
+
+namespace tutti {
+namespace comm {
+
+class CpuWork : public Work {
+ public:
+  CpuWork(uint64_t seq, std::string description)
+      : seq_(seq), description_(std::move(description)) {}
+
+  void wait() override;
+  void synchronize() override { wait(); }
+  bool test() override;
+  uint64_t seq() const override;
+  std::string description() const override;
+
+  // Records the sequence number and description once the op starts.
+  void start(uint64_t seq, std::string description);
+
+  // Marks the work done (error may be null).  Called once.
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t seq_;
+  std::string description_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace comm
+}  // namespace tutti

@@ -1,0 +1,517 @@
+#include "comm/mpi/mpi_communicator.h"
+
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+
+#include "comm/cpu_work.h"
+#include "comm/staged_work.h"
+#include "core/cpu_reduce.h"
+#include "tutti/config.h"
+#include "tutti/log.h"
+
+namespace tutti {
+namespace mpi {
+namespace {
+
+using comm::CpuWork;
+
+// Internal op kind for split (not a public CollectiveKind).
+constexpr uint8_t kSplitKind = 200;
+
+// Largest element count passed to one MPI call (counts are int).
+constexpr int64_t kMaxChunk = int64_t{1} << 30;
+
+int checked_int(int64_t v, const std::string& desc, const char* what) {
+  if (v > INT_MAX)
+    TUTTI_THROW(kUnsupported, desc, ": ", what, " of ", v,
+                " elements exceeds MPI's int count limit (", INT_MAX,
+                "); split the tensor");
+  return static_cast<int>(v);
+}
+
+uint64_t mix_id(uint64_t parent, uint64_t a, uint64_t b) {
+  uint64_t h = parent * 0x9e3779b97f4a7c15ull ^ (a + 0x632be59bd9b4e019ull);
+  h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+  h ^= b + 0x94d049bb133111ebull + (h << 6);
+  return (h ^ (h >> 32)) | 1;  // never 0
+}
+
+// Send/recv complete outside the engine: the engine posts them in order and
+// the waiter polls, so that a blocked receive cannot hold up the collectives
+// (or the matching send) queued behind it.
+class P2PWork : public comm::StagedWork {
+ public:
+  P2PWork(std::shared_ptr<MpiCommunicator> owner, double timeout_s,
+          int64_t expected, DType dtype)
+      : owner_(std::move(owner)), deadline_(timeout_s), timeout_s_(timeout_s),
+        expected_(expected), dtype_(dtype) {}
+
+  // The posted request; set before started().
+  MPI_Request* request() { return &req_; }
+
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    wait_started(lock);
+    if (stage_ == kDone) return;
+    MPI_Status st;
+    int rc = MPI_SUCCESS;
+    const bool ok = mpi::wait_rc(&req_, deadline_, &st, &rc);
+    if (rc != MPI_SUCCESS) fail_locked(translate(rc));
+    if (!ok) {
+      try {
+        owner_->fail_timeout(desc_, seq_, timeout_s_, "waiting for the peer");
+      } catch (...) {
+        fail_locked(std::current_exception());
+      }
+    }
+    complete_locked(st);
+  }
+  void synchronize() override { wait(); }
+  bool test() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stage_ == kQueued) return false;
+    if (error_) std::rethrow_exception(error_);
+    if (stage_ == kDone) return true;
+    int flag = 0;
+    MPI_Status st;
+    const int rc = MPI_Test(&req_, &flag, &st);
+    if (rc != MPI_SUCCESS) fail_locked(translate(rc));
+    if (!flag) return false;
+    complete_locked(st);
+    return true;
+  }
+
+ private:
+  [[noreturn]] void fail_locked(std::exception_ptr e) {
+    error_ = e;
+    stage_ = kDone;
+    std::rethrow_exception(e);
+  }
+  std::exception_ptr translate(int rc) {
+    int cls = rc;
+    MPI_Error_class(rc, &cls);
+    if (cls == MPI_ERR_TRUNCATE)
+      return std::make_exception_ptr(Error(
+          ErrorCode::kMismatch,
+          detail::cat(detail::rank_prefix(), desc_,
+                      ": the message is larger than the receive tensor (",
+                      expected_, " elements)")));
+    return std::make_exception_ptr(
+        Error(ErrorCode::kMpi, detail::cat(detail::rank_prefix(), desc_, ": ",
+                                           error_string(rc))));
+  }
+  void complete_locked(const MPI_Status& st) {
+    stage_ = kDone;
+    if (expected_ < 0) return;  // a send
+    // A receive: the message must fill the tensor.
+    int count = 0;
+    MPI_Get_count(&st, datatype(dtype_), &count);
+    if (count != expected_)
+      fail_locked(std::make_exception_ptr(Error(
+          ErrorCode::kMismatch,
+          detail::cat(detail::rank_prefix(), desc_, ": received ", count,
+                      " elements, expected ", expected_))));
+  }
+
+  std::shared_ptr<MpiCommunicator> owner_;
+  Deadline deadline_;
+  double timeout_s_;
+  int64_t expected_;
+  DType dtype_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
+                                 uint64_t comm_id, bool threaded)
+    : data_(comm), name_(std::move(name)), comm_id_(comm_id),
+      threaded_(threaded), engine_(name_, threaded),
+      progress_(std::make_shared<CommProgress>()) {
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN));
+  TUTTI_MPI_CHECK(MPI_Comm_dup(data_, &check_));
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(check_, MPI_ERRORS_RETURN));
+  TUTTI_MPI_CHECK(MPI_Comm_rank(data_, &rank_));
+  TUTTI_MPI_CHECK(MPI_Comm_size(data_, &size_));
+  // World ranks of the members, for reports that span groups.
+  MPI_Group mine, world;
+  MPI_Comm_group(data_, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> local(size_);
+  for (int i = 0; i < size_; ++i) local[i] = i;
+  world_ranks_.resize(size_);
+  MPI_Group_translate_ranks(mine, size_, local.data(), world,
+                            world_ranks_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  StatusService::instance().add(comm_id_, progress_);
+}
+
+MpiCommunicator::~MpiCommunicator() { close(); }
+
+void MpiCommunicator::close() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (closed_.exchange(true)) return;
+  engine_.stop();
+  StatusService::instance().remove(comm_id_);
+  if (is_initialized()) {
+    // After a timeout a request may still be pending on these communicators;
+    // freeing them is still legal (MPI frees once the requests complete).
+    if (check_ != MPI_COMM_NULL) MPI_Comm_free(&check_);
+    if (data_ != MPI_COMM_NULL && data_ != MPI_COMM_WORLD) MPI_Comm_free(&data_);
+  }
+  check_ = data_ = MPI_COMM_NULL;
+}
+
+void MpiCommunicator::drain() { engine_.drain(); }
+
+WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
+  const double timeout = request.options.timeout_s > 0
+                             ? request.options.timeout_s
+                             : config::get_double("TUTTI_TIMEOUT");
+  if (request.kind == CollectiveKind::kSend ||
+      request.kind == CollectiveKind::kRecv) {
+    auto work = std::make_shared<P2PWork>(
+        shared_from_this(), timeout,
+        request.kind == CollectiveKind::kRecv ? request.input.numel() : -1,
+        request.input.dtype());
+    auto self = shared_from_this();
+    engine_.submit(
+        [self, request, work] {
+          // Point-to-point ops involve two ranks only: they are numbered
+          // apart from the collectives, which every rank counts.
+          const uint64_t seq = ++self->next_p2p_seq_;
+          const std::string desc = comm::describe(request, seq, self->name_);
+          try {
+            if (self->closed_ || self->poisoned_)
+              TUTTI_THROW(kAborted, desc, ": communicator '", self->name_,
+                          "' is unusable after an earlier failure");
+            comm::validate(request, self->rank_, self->size_, desc);
+            TUTTI_ARG_CHECK(request.input.device().is_cpu(), desc,
+                            ": the MPI backend takes host tensors, got ",
+                            request.input.str());
+            const int count = checked_int(request.input.numel(), desc, "a message");
+            if (request.kind == CollectiveKind::kSend)
+              TUTTI_MPI_CHECK(MPI_Isend(request.input.data(), count,
+                                        datatype(request.input.dtype()),
+                                        request.root, request.tag, self->data_,
+                                        work->request()));
+            else
+              TUTTI_MPI_CHECK(MPI_Irecv(request.input.data(), count,
+                                        datatype(request.input.dtype()),
+                                        request.root, request.tag, self->data_,
+                                        work->request()));
+            work->started(seq, desc);
+          } catch (...) {
+            work->failed(std::current_exception(), seq, desc);
+          }
+        },
+        false);
+    return work;
+  }
+  auto work = std::make_shared<CpuWork>(0, "");
+  auto self = shared_from_this();
+  // The work's sequence number is assigned when it runs (run order is the
+  // order every rank agrees on); its description carries it.
+  auto holder = std::make_shared<OpRequest>(request);
+  holder->options.timeout_s = timeout;
+  engine_.submit([self, holder, work] { self->execute(*holder, *work); },
+                 blocking);
+  return work;
+}
+
+void MpiCommunicator::execute(const OpRequest& r, CpuWork& work) {
+  const uint64_t seq = ++next_seq_;
+  const std::string desc = comm::describe(r, seq, name_);
+  work.start(seq, desc);
+  try {
+    if (closed_ || poisoned_)
+      TUTTI_THROW(kAborted, desc, ": communicator '", name_,
+                  "' is unusable after an earlier failure");
+    progress_->kind = static_cast<uint8_t>(r.kind);
+    progress_->entered = seq;
+    const Deadline deadline(r.options.timeout_s);
+    // Local validation first, but a bad rank still joins the agreement
+    // check so that its peers fail too instead of waiting for it.
+    std::exception_ptr local_error;
+    try {
+      comm::validate(r, rank_, size_, desc);
+      if (r.kind != CollectiveKind::kBarrier)
+        TUTTI_ARG_CHECK(r.input.device().is_cpu() && r.output.device().is_cpu(),
+                        desc, ": the MPI backend takes host tensors, got ",
+                        r.input.str());
+    } catch (const Error&) {
+      local_error = std::current_exception();
+    }
+    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
+      check_agreement(check_, comm::make_wire(r, seq), local_error != nullptr,
+                      desc, deadline, [&] {
+                        fail_timeout(desc, seq, r.options.timeout_s,
+                                     "agreeing on the operation");
+                      });
+    }
+    if (local_error) std::rethrow_exception(local_error);
+    run_collective(r, deadline, desc, seq);
+    progress_->completed = seq;
+    work.finish();
+  } catch (...) {
+    progress_->completed = seq;
+    work.finish(std::current_exception());
+  }
+}
+
+void MpiCommunicator::check_agreement(MPI_Comm check_comm,
+                                      const comm::WireDesc& wire,
+                                      bool locally_invalid,
+                                      const std::string& desc,
+                                      const Deadline& deadline,
+                                      const std::function<void()>& on_timeout) {
+  comm::WireDesc w = wire;
+  w.pad = locally_invalid ? 1 : 0;
+  const uint64_t f = comm::fingerprint(w) ^ (locally_invalid ? 0x5a5aull : 0);
+  // max over ranks of f and of ~f: all equal iff max(f) == f and
+  // max(~f) == ~f, i.e. min(f) == max(f).
+  uint64_t buf[2] = {f, ~f};
+  MPI_Request req;
+  TUTTI_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, 2, MPI_UINT64_T, MPI_MAX,
+                                 check_comm, &req));
+  if (!wait(&req, deadline)) on_timeout();
+  if (buf[0] == f && buf[1] == ~f) return;
+  int size = 0;
+  MPI_Comm_size(check_comm, &size);
+  std::vector<comm::WireDesc> all(static_cast<size_t>(size));
+  TUTTI_MPI_CHECK(MPI_Iallgather(&w, sizeof(w), MPI_BYTE, all.data(),
+                                 sizeof(w), MPI_BYTE, check_comm, &req));
+  if (!wait(&req, deadline)) on_timeout();
+  std::vector<int> invalid;
+  for (int i = 0; i < size; ++i)
+    if (all[i].pad) invalid.push_back(i);
+  if (!invalid.empty()) {
+    if (locally_invalid) return;  // the caller throws its own, precise error
+    std::string who;
+    for (size_t i = 0; i < invalid.size(); ++i)
+      who += (i ? ", " : "") + std::to_string(invalid[i]);
+    TUTTI_THROW(kMismatch, desc, ": rank", invalid.size() > 1 ? "s " : " ", who,
+                " rejected the arguments of this operation (see the error on ",
+                invalid.size() > 1 ? "those ranks" : "that rank",
+                "); no rank ran it");
+  }
+  for (auto& d : all) d.pad = 0;
+  TUTTI_THROW(kMismatch, desc, ": ranks disagree on the operation: ",
+              comm::mismatch_message(all), "; no rank ran it");
+}
+
+void MpiCommunicator::fail_timeout(const std::string& desc, uint64_t seq,
+                                   double seconds, const char* phase) {
+  poisoned_ = true;
+  std::vector<int> peers;
+  int me_world = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me_world);
+  for (int w : world_ranks_)
+    if (w != me_world) peers.push_back(w);
+  std::string report;
+  if (StatusService::instance().running() && threaded_) {
+    auto st = StatusService::instance().query(
+        comm_id_, peers,
+        static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
+    report = describe_stragglers(st, seq);
+  } else {
+    report = "peers could not be asked (MPI runs below MPI_THREAD_MULTIPLE)";
+  }
+  TUTTI_THROW(kTimeout, desc, " did not complete within ", seconds,
+              " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
+              name_ == "world" ? "" : " [world ranks]",
+              ". The communicator is unusable now.");
+}
+
+void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
+                                   const std::string& desc, uint64_t seq,
+                                   MPI_Status* status) {
+  if (!wait(req, deadline, status))
+    fail_timeout(desc, seq, deadline.seconds(), "exchanging data");
+}
+
+void MpiCommunicator::run_collective(const OpRequest& r,
+                                     const Deadline& deadline,
+                                     const std::string& desc, uint64_t seq) {
+  const Tensor& in = r.input;
+  const Tensor& out = r.output;
+  const size_t es = in.element_size();
+  MPI_Request req;
+  switch (r.kind) {
+    case CollectiveKind::kAllreduce: {
+      if (size_ == 1 || in.numel() == 0) {
+        if (in.data() != out.data() && in.nbytes())
+          std::memcpy(out.data(), in.data(), in.nbytes());
+        return;
+      }
+      const MPI_Datatype dt = datatype(in.dtype());
+      const MPI_Op op = reduce_op(in.dtype(), r.op);
+      for (int64_t off = 0; off < in.numel(); off += kMaxChunk) {
+        const int n = static_cast<int>(std::min(kMaxChunk, in.numel() - off));
+        char* o = static_cast<char*>(out.data()) + off * es;
+        const void* s = in.data() == out.data()
+                            ? MPI_IN_PLACE
+                            : static_cast<const char*>(in.data()) + off * es;
+        TUTTI_MPI_CHECK(MPI_Iallreduce(s, o, n, dt, op, data_, &req));
+        wait_or_fail(&req, deadline, desc, seq);
+      }
+      if (r.op == ReduceOp::kAvg)
+        divide_inplace(out.dtype(), out.data(), out.numel(), size_);
+      return;
+    }
+    case CollectiveKind::kBroadcast: {
+      if (size_ == 1 || in.numel() == 0) return;
+      const MPI_Datatype dt = datatype(in.dtype());
+      for (int64_t off = 0; off < in.numel(); off += kMaxChunk) {
+        const int n = static_cast<int>(std::min(kMaxChunk, in.numel() - off));
+        TUTTI_MPI_CHECK(MPI_Ibcast(static_cast<char*>(in.data()) + off * es, n,
+                                   dt, r.root, data_, &req));
+        wait_or_fail(&req, deadline, desc, seq);
+      }
+      return;
+    }
+    case CollectiveKind::kAllgather: {
+      const int n = checked_int(in.numel(), desc, "a block");
+      const MPI_Datatype dt = datatype(in.dtype());
+      checked_int(out.numel(), desc, "the output");
+      const char* mine = static_cast<const char*>(out.data()) + rank_ * in.nbytes();
+      const void* s = in.data() == mine ? MPI_IN_PLACE : in.data();
+      TUTTI_MPI_CHECK(MPI_Iallgather(s, n, dt, out.data(), n, dt, data_, &req));
+      wait_or_fail(&req, deadline, desc, seq);
+      return;
+    }
+    case CollectiveKind::kAllgatherv: {
+      const MPI_Datatype dt = datatype(in.dtype());
+      std::vector<int> counts(size_), displs(size_);
+      int64_t off = 0;
+      for (int i = 0; i < size_; ++i) {
+        counts[i] = checked_int(r.counts[i], desc, "a block");
+        displs[i] = checked_int(off, desc, "an offset");
+        off += r.counts[i];
+      }
+      TUTTI_MPI_CHECK(MPI_Iallgatherv(in.data(), counts[rank_], dt, out.data(),
+                                      counts.data(), displs.data(), dt, data_,
+                                      &req));
+      wait_or_fail(&req, deadline, desc, seq);
+      return;
+    }
+    case CollectiveKind::kReduceScatter: {
+      const int n = checked_int(out.numel(), desc, "a block");
+      checked_int(in.numel(), desc, "the input");
+      if (size_ == 1 || n == 0) {
+        if (n) std::memcpy(out.data(), in.data(), out.nbytes());
+        return;
+      }
+      TUTTI_MPI_CHECK(MPI_Ireduce_scatter_block(
+          in.data(), out.data(), n, datatype(in.dtype()),
+          reduce_op(in.dtype(), r.op), data_, &req));
+      wait_or_fail(&req, deadline, desc, seq);
+      if (r.op == ReduceOp::kAvg)
+        divide_inplace(out.dtype(), out.data(), out.numel(), size_);
+      return;
+    }
+    case CollectiveKind::kAlltoall: {
+      const int n = checked_int(in.numel() / size_, desc, "a block");
+      checked_int(in.numel(), desc, "the input");
+      const MPI_Datatype dt = datatype(in.dtype());
+      TUTTI_MPI_CHECK(
+          MPI_Ialltoall(in.data(), n, dt, out.data(), n, dt, data_, &req));
+      wait_or_fail(&req, deadline, desc, seq);
+      return;
+    }
+    case CollectiveKind::kBarrier:
+      if (size_ == 1) return;
+      TUTTI_MPI_CHECK(MPI_Ibarrier(data_, &req));
+      wait_or_fail(&req, deadline, desc, seq);
+      return;
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv:
+      break;
+  }
+  TUTTI_THROW(kInternal, desc, ": unexpected kind in run_collective");
+}
+
+void MpiCommunicator::run_ordered(const std::function<void()>& fn) {
+  std::exception_ptr err;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  engine_.submit(
+      [&] {
+        try {
+          fn();
+        } catch (...) {
+          err = std::current_exception();
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          done = true;
+        }
+        cv.notify_all();
+      },
+      true);
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (err) std::rethrow_exception(err);
+}
+
+std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
+    int color, int key, const std::string& name) {
+  std::shared_ptr<MpiCommunicator> child;
+  run_ordered([&] {
+    const uint64_t seq = ++next_seq_;
+    const std::string desc = detail::cat("split #", seq, " (color ", color,
+                                         ", key ", key, ") of group '", name_,
+                                         "'");
+    if (closed_ || poisoned_)
+      TUTTI_THROW(kAborted, desc, ": communicator is unusable");
+    const double timeout = config::get_double("TUTTI_TIMEOUT");
+    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
+      comm::WireDesc w;
+      w.seq = seq;
+      w.kind = kSplitKind;
+      check_agreement(check_, w, false, desc, Deadline(timeout), [&] {
+        fail_timeout(desc, seq, timeout, "agreeing on the operation");
+      });
+    }
+    const uint32_t index = splits_++;
+    MPI_Comm out = MPI_COMM_NULL;
+    TUTTI_MPI_CHECK(MPI_Comm_split(data_, color < 0 ? MPI_UNDEFINED : color,
+                                   key, &out));
+    if (out == MPI_COMM_NULL) return;
+    child = std::make_shared<MpiCommunicator>(
+        out, name.empty() ? name_ + "/" + std::to_string(color) : name,
+        mix_id(comm_id_, index, static_cast<uint64_t>(color)), threaded_);
+  });
+  return child;
+}
+
+std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
+    const std::string& name) {
+  std::shared_ptr<MpiCommunicator> child;
+  run_ordered([&] {
+    ++next_seq_;
+    const uint32_t index = splits_++;
+    MPI_Comm out = MPI_COMM_NULL;
+    TUTTI_MPI_CHECK(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_,
+                                        MPI_INFO_NULL, &out));
+    // The node's lowest world rank makes the id the same on its members
+    // and different across nodes.
+    int lowest = world_ranks_[rank_];
+    MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, out);
+    child = std::make_shared<MpiCommunicator>(
+        out, name, mix_id(comm_id_, index, static_cast<uint64_t>(lowest) + 7),
+        threaded_);
+  });
+  return child;
+}
+
+std::shared_ptr<Communicator> MpiCommunicator::split(int color, int key,
+                                                     const std::string& name) {
+  return split_mpi(color, key, name);
+}
+
+}  // namespace mpi
+}  // namespace tutti

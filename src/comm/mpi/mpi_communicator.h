@@ -1,0 +1,106 @@
+// Communicator over MPI for host tensors.
+//
+// Each operation runs on the progress engine in submission order: validate
+// locally -> (checked mode) agree with every rank on a 64-bit fingerprint of
+// the op over a private duplicate communicator -> run the MPI call as a
+// non-blocking request polled against the TUTTI_TIMEOUT deadline.  A rank
+// whose arguments are invalid still takes part in the check, so every rank
+// learns of the problem instead of waiting for it.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/mpi/mpi_runtime.h"
+#include "comm/cpu_work.h"
+#include "comm/mpi/status_service.h"
+#include "comm/op_desc.h"
+#include "comm/progress_engine.h"
+#include "tutti/comm.h"
+
+namespace tutti {
+namespace mpi {
+
+class MpiCommunicator : public Communicator,
+                        public std::enable_shared_from_this<MpiCommunicator> {
+ public:
+  // Takes ownership of `comm` (a communicator tutti created).
+  MpiCommunicator(MPI_Comm comm, std::string name, uint64_t comm_id,
+                  bool threaded);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  std::string name() const override { return name_; }
+  WorkPtr submit(const OpRequest& request, bool blocking) override;
+  std::shared_ptr<Communicator> split(int color, int key,
+                                      const std::string& name) override;
+
+  std::shared_ptr<MpiCommunicator> split_mpi(int color, int key,
+                                             const std::string& name);
+  // Ranks of this communicator sharing a node (MPI_COMM_TYPE_SHARED).
+  std::shared_ptr<MpiCommunicator> split_shared(const std::string& name);
+
+  MPI_Comm comm() const { return data_; }
+  uint64_t comm_id() const { return comm_id_; }
+  bool threaded() const { return threaded_; }
+  int world_rank(int rank) const { return world_ranks_.at(rank); }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  // Waits for everything submitted so far.
+  void drain();
+  // Stops the engine and frees the MPI communicators (before MPI_Finalize).
+  // Later operations fail with kAborted.  Idempotent.
+  void close();
+  bool poisoned() const { return poisoned_.load(); }
+
+  // Runs `fn` on the progress engine, in order with the collectives (used by
+  // split and by backends that bootstrap over this communicator).
+  void run_ordered(const std::function<void()>& fn);
+
+  // Host-side agreement check used by this communicator and by the NCCL
+  // communicator built on it: throws kMismatch (all ranks) or kTimeout.
+  // `check_comm` must be a communicator private to the caller.
+  static void check_agreement(MPI_Comm check_comm, const comm::WireDesc& wire,
+                              bool locally_invalid, const std::string& desc,
+                              const Deadline& deadline,
+                              const std::function<void()>& on_timeout);
+
+  // Builds the timeout error (asks peers where they are) and poisons this
+  // communicator.
+  [[noreturn]] void fail_timeout(const std::string& desc, uint64_t seq,
+                                 double seconds, const char* phase);
+
+ private:
+  void execute(const OpRequest& r, comm::CpuWork& work);
+  void run_collective(const OpRequest& r, const Deadline& deadline,
+                      const std::string& desc, uint64_t seq);
+  void wait_or_fail(MPI_Request* req, const Deadline& deadline,
+                    const std::string& desc, uint64_t seq,
+                    MPI_Status* status = MPI_STATUS_IGNORE);
+
+  MPI_Comm data_ = MPI_COMM_NULL;
+  MPI_Comm check_ = MPI_COMM_NULL;
+  std::string name_;
+  uint64_t comm_id_;
+  bool threaded_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> world_ranks_;
+  comm::ProgressEngine engine_;
+  uint64_t next_seq_ = 0;      // collectives; touched only by the engine task
+  uint64_t next_p2p_seq_ = 0;  // send/recv, numbered separately
+  uint32_t splits_ = 0;
+  std::shared_ptr<CommProgress> progress_;
+  std::atomic<bool> poisoned_{false};
+  std::atomic<bool> closed_{false};
+  std::mutex close_mu_;
+};
+
+}  // namespace mpi
+}  // namespace tutti

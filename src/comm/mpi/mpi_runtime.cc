@@ -1,0 +1,186 @@
+#include "comm/mpi/mpi_runtime.h"
+
+#include <sched.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "core/cpu_reduce.h"
+#include "tutti/log.h"
+
+namespace tutti {
+namespace mpi {
+
+void throw_mpi_error(int code, const char* expr, const char* file, int line) {
+  detail::throw_error(ErrorCode::kMpi, file, line,
+                      detail::cat(expr, " failed: ", error_string(code)));
+}
+
+std::string error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+bool launched_by_launcher() {
+  static const char* kVars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+                                "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS",
+                                "HYDRA_CONTROL_FD"};
+  for (const char* v : kVars)
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+bool is_initialized() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+namespace {
+
+// User-defined reductions: one function per (dtype, op), all delegating to
+// the CPU reference so every backend rounds the same way.
+template <DType D, ReduceOp O>
+void user_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_inplace(D, O, in, inout, static_cast<size_t>(*len));
+}
+
+struct UserOps {
+  // [dtype][op] for the four float dtypes; MPI_OP_NULL where predefined.
+  MPI_Op ops[kNumDTypes][5];
+  bool created = false;
+};
+
+std::mutex g_ops_mu;
+UserOps g_ops;
+
+template <DType D>
+void create_float_ops(bool half) {
+  MPI_Op* row = g_ops.ops[static_cast<int>(D)];
+  MPI_Op_create(&user_fn<D, ReduceOp::kMin>, 1, &row[static_cast<int>(ReduceOp::kMin)]);
+  MPI_Op_create(&user_fn<D, ReduceOp::kMax>, 1, &row[static_cast<int>(ReduceOp::kMax)]);
+  if (half) {
+    MPI_Op_create(&user_fn<D, ReduceOp::kSum>, 1, &row[static_cast<int>(ReduceOp::kSum)]);
+    row[static_cast<int>(ReduceOp::kAvg)] = row[static_cast<int>(ReduceOp::kSum)];
+    MPI_Op_create(&user_fn<D, ReduceOp::kProd>, 1, &row[static_cast<int>(ReduceOp::kProd)]);
+  }
+}
+
+void ensure_user_ops() {
+  std::lock_guard<std::mutex> lock(g_ops_mu);
+  if (g_ops.created) return;
+  for (auto& row : g_ops.ops)
+    for (auto& op : row) op = MPI_OP_NULL;
+  create_float_ops<DType::kFloat16>(true);
+  create_float_ops<DType::kBFloat16>(true);
+  create_float_ops<DType::kFloat32>(false);
+  create_float_ops<DType::kFloat64>(false);
+  g_ops.created = true;
+}
+
+}  // namespace
+
+InitState initialize() {
+  InitState s;
+  if (is_initialized()) {
+    MPI_Query_thread(&s.thread_level);
+    s.owned = false;
+  } else {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin)
+      TUTTI_THROW(kUnsupported,
+                  "MPI was already finalised in this process; tutti cannot "
+                  "initialise it again");
+    TUTTI_MPI_CHECK(
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &s.thread_level));
+    s.owned = true;
+  }
+  ensure_user_ops();
+  return s;
+}
+
+void finalize(const InitState& state) {
+  {
+    std::lock_guard<std::mutex> lock(g_ops_mu);
+    if (g_ops.created && is_initialized()) {
+      for (int d = 0; d < kNumDTypes; ++d)
+        for (int o = 0; o < 5; ++o) {
+          MPI_Op& op = g_ops.ops[d][o];
+          // kAvg aliases kSum for the 16-bit types: free each op once.
+          if (op != MPI_OP_NULL && o != static_cast<int>(ReduceOp::kAvg))
+            MPI_Op_free(&op);
+          op = MPI_OP_NULL;
+        }
+    }
+    g_ops.created = false;
+  }
+  if (state.owned && is_initialized()) MPI_Finalize();
+}
+
+MPI_Datatype datatype(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kFloat16:
+    case DType::kBFloat16: return MPI_UINT16_T;
+    case DType::kInt8: return MPI_INT8_T;
+    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+  }
+  TUTTI_THROW(kInternal, "no MPI datatype for dtype ", static_cast<int>(dtype));
+}
+
+MPI_Op reduce_op(DType dtype, ReduceOp op) {
+  const MPI_Op user = g_ops.ops[static_cast<int>(dtype)][static_cast<int>(op)];
+  if (user != MPI_OP_NULL) return user;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return MPI_SUM;
+    case ReduceOp::kProd: return MPI_PROD;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+  }
+  TUTTI_THROW(kInternal, "no MPI op for ", reduce_op_name(op));
+}
+
+Deadline::Deadline(double seconds)
+    : seconds_(seconds),
+      when_(std::chrono::steady_clock::now() +
+            std::chrono::microseconds(
+                static_cast<int64_t>((seconds > 0 ? seconds : 0) * 1e6))) {}
+
+bool Deadline::expired() const {
+  return seconds_ > 0 && std::chrono::steady_clock::now() >= when_;
+}
+
+bool wait(MPI_Request* request, const Deadline& deadline, MPI_Status* status) {
+  int rc = MPI_SUCCESS;
+  const bool done = wait_rc(request, deadline, status, &rc);
+  if (rc != MPI_SUCCESS) throw_mpi_error(rc, "MPI_Test", __FILE__, __LINE__);
+  return done;
+}
+
+bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
+             int* rc) {
+  int flag = 0;
+  *rc = MPI_SUCCESS;
+  for (uint64_t i = 0;; ++i) {
+    *rc = MPI_Test(request, &flag, status);
+    if (*rc != MPI_SUCCESS) return true;
+    if (flag) return true;
+    if ((i & 63) == 63 && deadline.expired()) return false;
+    // Busy-poll briefly (latency), then let other runnable threads and
+    // oversubscribed ranks in between polls.
+    if (i >= 256) sched_yield();
+  }
+}
+
+}  // namespace mpi
+}  // namespace tutti

@@ -1,0 +1,75 @@
+// MPI plumbing shared by the MPI communicator: initialisation ownership,
+// dtype/op mapping, and waits that honour the watchdog deadline.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+
+#include "core/check.h"
+#include "tutti/comm.h"
+
+namespace tutti {
+namespace mpi {
+
+[[noreturn]] void throw_mpi_error(int code, const char* expr, const char* file,
+                                  int line);
+
+// MPI's own error text for a return code.
+std::string error_string(int code);
+
+// True when a launcher (mpirun/mpiexec, srun, a PMI/PMIx server) started
+// this process.
+bool launched_by_launcher();
+bool is_initialized();
+
+struct InitState {
+  bool owned = false;    // tutti called MPI_Init_thread and will finalise
+  int thread_level = 0;  // MPI_THREAD_* granted
+};
+// Initialises MPI if nobody has (asking for MPI_THREAD_MULTIPLE), or adopts
+// the application's MPI.
+InitState initialize();
+// Frees tutti's user-defined ops and, if tutti owns MPI, finalises it.
+void finalize(const InitState& state);
+
+// MPI datatype of one element (16-bit floats travel as MPI_UINT16_T).
+MPI_Datatype datatype(DType dtype);
+// The MPI op implementing `op` on `dtype` with tutti's semantics
+// (core/cpu_reduce.h): MPI's predefined ops where they agree, user-defined
+// ones for 16-bit floats and for NaN-propagating float min/max.  kAvg maps
+// to the sum; the caller divides.
+MPI_Op reduce_op(DType dtype, ReduceOp op);
+
+class Deadline {
+ public:
+  // seconds <= 0: never expires.
+  explicit Deadline(double seconds);
+  bool expired() const;
+  double seconds() const { return seconds_; }
+
+ private:
+  double seconds_;
+  std::chrono::steady_clock::time_point when_;
+};
+
+// Polls `request` until it completes (true) or the deadline passes (false;
+// the request is left pending).  Spins briefly, then yields the CPU between
+// polls so oversubscribed ranks still make progress.
+bool wait(MPI_Request* request, const Deadline& deadline,
+          MPI_Status* status = MPI_STATUS_IGNORE);
+
+// As wait(), but an MPI error is returned in *rc (MPI_SUCCESS otherwise)
+// instead of thrown, for callers that translate it (e.g. MPI_ERR_TRUNCATE).
+bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
+             int* rc);
+
+}  // namespace mpi
+}  // namespace tutti
+
+#define TUTTI_MPI_CHECK(expr)                                            \
+  do {                                                                   \
+    int tutti_rc_ = (expr);                                              \
+    if (tutti_rc_ != MPI_SUCCESS)                                        \
+      ::tutti::mpi::throw_mpi_error(tutti_rc_, #expr, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,217 @@
+#include "comm/mpi/status_service.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <sstream>
+
+#include "comm/mpi/mpi_runtime.h"
+#include "tutti/log.h"
+
+namespace tutti {
+namespace mpi {
+namespace {
+
+constexpr int kQueryTag = 1;
+constexpr int kFirstReplyTag = 100;
+constexpr int kReplyTagSpan = 30000;
+
+}  // namespace
+
+StatusService& StatusService::instance() {
+  static StatusService* s = new StatusService();  // outlives static dtors
+  return *s;
+}
+
+void StatusService::start(MPI_Comm world, bool threaded) {
+  if (running_) return;
+  TUTTI_MPI_CHECK(MPI_Comm_dup(world, &comm_));
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  stop_ = false;
+  running_ = true;
+  if (threaded) thread_ = std::thread([this] { respond_loop(); });
+}
+
+void StatusService::stop() {
+  if (!running_) return;
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (comm_ != MPI_COMM_NULL && is_initialized()) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+  running_ = false;
+}
+
+void StatusService::add(uint64_t id, std::shared_ptr<CommProgress> p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comms_[id] = std::move(p);
+}
+
+void StatusService::remove(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comms_.erase(id);
+}
+
+void StatusService::respond_loop() {
+  pthread_setname_np(pthread_self(), "tutti-status");
+  uint64_t query[2] = {0, 0};  // comm id, reply tag
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::vector<std::pair<MPI_Request, std::unique_ptr<uint64_t[]>>> sends;
+  if (MPI_Irecv(query, 2, MPI_UINT64_T, MPI_ANY_SOURCE, kQueryTag, comm_,
+                &req) != MPI_SUCCESS)
+    return;
+  while (!stop_) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(&req, &flag, &st) != MPI_SUCCESS) break;
+    if (flag) {
+      std::unique_ptr<uint64_t[]> reply(new uint64_t[4]{0, 0, 0, 0});
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = comms_.find(query[0]);
+        if (it != comms_.end()) {
+          reply[0] = it->second->entered.load();
+          reply[1] = it->second->completed.load();
+          reply[2] = it->second->kind.load();
+          reply[3] = 1;
+        }
+      }
+      MPI_Request sreq;
+      if (MPI_Isend(reply.get(), 4, MPI_UINT64_T, st.MPI_SOURCE,
+                    static_cast<int>(query[1]), comm_, &sreq) == MPI_SUCCESS)
+        sends.emplace_back(sreq, std::move(reply));
+      if (MPI_Irecv(query, 2, MPI_UINT64_T, MPI_ANY_SOURCE, kQueryTag, comm_,
+                    &req) != MPI_SUCCESS)
+        break;
+      continue;
+    }
+    for (size_t i = 0; i < sends.size();) {
+      int done = 0;
+      MPI_Test(&sends[i].first, &done, MPI_STATUS_IGNORE);
+      if (done) {
+        sends[i] = std::move(sends.back());
+        sends.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (req != MPI_REQUEST_NULL) {
+    MPI_Cancel(&req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  for (auto& s : sends) MPI_Request_free(&s.first);  // small; eager-sent
+  // The buffers of freed sends must outlive them: keep them (a few bytes).
+  for (auto& s : sends) s.second.release();
+}
+
+std::vector<PeerStatus> StatusService::query(uint64_t comm_id,
+                                             const std::vector<int>& ranks,
+                                             double grace_seconds) {
+  std::vector<PeerStatus> out(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) out[i].world_rank = ranks[i];
+  if (!running_ || !thread_.joinable() || ranks.empty()) return out;
+  std::lock_guard<std::mutex> lock(query_mu_);
+  const int reply_tag =
+      kFirstReplyTag + static_cast<int>(next_reply_tag_++ % kReplyTagSpan);
+  // Buffers live until the end of the process if requests are abandoned.
+  auto* q = new uint64_t[2]{comm_id, static_cast<uint64_t>(reply_tag)};
+  auto* replies = new uint64_t[4 * ranks.size()]();
+  std::vector<MPI_Request> sends(ranks.size(), MPI_REQUEST_NULL);
+  std::vector<MPI_Request> recvs(ranks.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    MPI_Irecv(replies + 4 * i, 4, MPI_UINT64_T, ranks[i], reply_tag, comm_,
+              &recvs[i]);
+    MPI_Isend(q, 2, MPI_UINT64_T, ranks[i], kQueryTag, comm_, &sends[i]);
+  }
+  Deadline deadline(grace_seconds > 0 ? grace_seconds : 0.001);
+  size_t pending = ranks.size();
+  while (pending > 0 && !deadline.expired()) {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (recvs[i] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE);
+      if (flag) {
+        out[i].answered = true;
+        out[i].entered = replies[4 * i];
+        out[i].completed = replies[4 * i + 1];
+        out[i].kind = static_cast<uint8_t>(replies[4 * i + 2]);
+        out[i].member = replies[4 * i + 3] != 0;
+        --pending;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  bool abandoned = false;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (recvs[i] != MPI_REQUEST_NULL) {
+      MPI_Cancel(&recvs[i]);
+      MPI_Request_free(&recvs[i]);
+      abandoned = true;
+    }
+    int flag = 0;
+    MPI_Test(&sends[i], &flag, MPI_STATUS_IGNORE);
+    if (!flag) {
+      MPI_Request_free(&sends[i]);
+      abandoned = true;
+    }
+  }
+  if (!abandoned) {
+    delete[] q;
+    delete[] replies;
+  }
+  return out;
+}
+
+std::string describe_stragglers(const std::vector<PeerStatus>& peers,
+                                uint64_t seq) {
+  std::ostringstream never, ahead, silent, arrived;
+  int n_never = 0, n_ahead = 0, n_silent = 0, n_arrived = 0;
+  for (const auto& p : peers) {
+    if (!p.answered) {
+      silent << (n_silent++ ? ", " : "") << p.world_rank;
+    } else if (!p.member || p.entered < seq) {
+      never << (n_never++ ? "; " : "") << "rank " << p.world_rank;
+      if (!p.member)
+        never << " (has no such communicator)";
+      else if (p.entered == 0)
+        never << " (has not started any operation)";
+      else
+        never << " (last entered #" << p.entered << " "
+              << collective_kind_name(static_cast<CollectiveKind>(p.kind))
+              << (p.completed >= p.entered ? ", finished it" : ", still in it")
+              << ")";
+    } else if (p.entered > seq) {
+      ahead << (n_ahead++ ? "; " : "") << "rank " << p.world_rank << " (at #"
+            << p.entered << ")";
+    } else {
+      arrived << (n_arrived++ ? ", " : "") << p.world_rank;
+    }
+  }
+  std::ostringstream os;
+  bool any = false;
+  if (n_never) {
+    os << "never arrived: " << never.str();
+    any = true;
+  }
+  if (n_silent) {
+    os << (any ? "; " : "") << "did not answer (dead, or stuck outside tutti): "
+       << (n_silent == 1 ? "rank " : "ranks ") << silent.str();
+    any = true;
+  }
+  if (n_ahead) {
+    os << (any ? "; " : "") << "ahead of this op (ranks issued different "
+       << "numbers of operations): " << ahead.str();
+    any = true;
+  }
+  if (n_arrived)
+    os << (any ? "; " : "") << "also arrived: "
+       << (n_arrived == 1 ? "rank " : "ranks ") << arrived.str();
+  if (!any && n_arrived)
+    os << " (every rank entered this op: the transport did not complete it)";
+  if (peers.empty()) os << "no peers to ask";
+  return os.str();
+}
+
+}  // namespace mpi
+}  // namespace tutti

@@ -1,0 +1,49 @@
+// What ranks agree on before a collective, and the request validation that
+// every backend shares.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tutti/comm.h"
+
+namespace tutti {
+namespace comm {
+
+// Fixed-size form of one operation, exchanged when ranks disagree.
+struct WireDesc {
+  uint64_t seq = 0;
+  int64_t count = 0;   // the element count that must agree (see make_wire)
+  uint64_t extra = 0;  // allgatherv: hash of the per-rank counts
+  int32_t root = 0;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint8_t pad = 0;
+};
+static_assert(sizeof(WireDesc) == 32, "WireDesc is exchanged as raw bytes");
+
+WireDesc make_wire(const OpRequest& r, uint64_t seq);
+// A 64-bit hash of every field (seq included).
+uint64_t fingerprint(const WireDesc& w);
+// "float32 x1024 sum" (the parts that must agree for this kind).
+std::string describe_wire(const WireDesc& w);
+// "allreduce #42 'layer3.weight' float32[1024] sum on group 'world'"
+std::string describe(const OpRequest& r, uint64_t seq, const std::string& group);
+
+// Checks a request's local consistency (shapes, dtypes, roots, counts,
+// overlap); throws Error(kInvalidArgument) naming the op and what was
+// expected.
+void validate(const OpRequest& r, int rank, int size, const std::string& desc);
+
+// Given every rank's descriptor (index = rank), the message for a mismatch:
+// "ranks 1, 3 have float16 x1000 sum but rank 0 has float32 x1000 sum".
+// Empty if all descriptors agree.
+std::string mismatch_message(const std::vector<WireDesc>& all);
+
+// Bytes the operation moves per rank (for statistics and thresholds).
+size_t payload_bytes(const OpRequest& r);
+
+}  // namespace comm
+}  // namespace tutti

@@ -1,0 +1,136 @@
+#include "tutti/process_group.h"
+
+#include "comm/process_group_impl.h"
+#include "comm/registry.h"
+#include "core/check.h"
+#include "tutti/config.h"
+
+namespace tutti {
+
+ProcessGroup::ProcessGroup(std::unique_ptr<ProcessGroupImpl> impl)
+    : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::rank() const { return impl_->host()->rank(); }
+int ProcessGroup::size() const { return impl_->host()->size(); }
+std::string ProcessGroup::name() const { return impl_->name; }
+
+WorkPtr ProcessGroup::submit(const OpRequest& request, bool blocking) {
+  if (request.kind != CollectiveKind::kBarrier && request.input.is_cuda())
+    return cuda_communicator(request.input.device().index)
+        ->submit(request, blocking);
+  if (request.kind != CollectiveKind::kBarrier && request.output.is_cuda())
+    TUTTI_THROW(kInvalidArgument, collective_kind_name(request.kind),
+                " on group '", impl_->name, "': input ", request.input.str(),
+                " is on the host but output ", request.output.str(),
+                " is on a CUDA device");
+  return impl_->host()->submit(request, blocking);
+}
+
+CommunicatorPtr ProcessGroup::cpu_communicator() { return impl_->host(); }
+
+CommunicatorPtr ProcessGroup::cuda_communicator(int device) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->cuda.find(device);
+  if (it != impl_->cuda.end()) return it->second;
+  TUTTI_ARG_CHECK(cuda_built(), "a tensor on cuda:", device, " reached group '",
+                  impl_->name,
+                  "', but this build of tutti has no CUDA support (rebuild "
+                  "with -DTUTTI_WITH_CUDA=ON)");
+  TUTTI_ARG_CHECK(config::get_bool("TUTTI_NCCL"), "a tensor on cuda:", device,
+                  " reached group '", impl_->name,
+                  "', but TUTTI_NCCL=0 disables the NCCL backend");
+  const int visible = cuda_device_count();
+  TUTTI_ARG_CHECK(device >= 0 && device < visible, "a tensor on cuda:", device,
+                  " reached group '", impl_->name, "', but this process sees ",
+                  visible, " CUDA device(s)");
+  auto c = nccl::NcclCommunicator::create(impl_->mpi, device,
+                                          impl_->name + "-cuda" +
+                                              std::to_string(device));
+  comm::register_communicator(c);
+  impl_->cuda.emplace(device, c);
+  return c;
+}
+
+std::shared_ptr<Communicator> ProcessGroup::split(int color, int key,
+                                                  const std::string& name) {
+  return split_group(color, key, name);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split_group(
+    int color, int key, const std::string& name) {
+  const std::string child_name =
+      name.empty() ? impl_->name + "/" + std::to_string(color) : name;
+  if (!impl_->mpi) {
+    if (color < 0) return nullptr;
+    return std::make_shared<ProcessGroup>(std::make_unique<ProcessGroupImpl>(
+        child_name, std::make_shared<comm::LocalCommunicator>(child_name)));
+  }
+  auto host_child = impl_->mpi->split_mpi(color, key, child_name);
+  if (host_child) comm::register_communicator(host_child);
+  std::unique_ptr<ProcessGroupImpl> impl;
+  if (host_child)
+    impl = std::make_unique<ProcessGroupImpl>(child_name, host_child);
+  // Split existing NCCL communicators with ncclCommSplit.  Every rank of the
+  // parent must take part, so first agree that every rank has one (a rank
+  // that never used CUDA has none; the child then bootstraps lazily).
+  std::shared_ptr<nccl::NcclCommunicator> parent_nccl;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->cuda.size() == 1) parent_nccl = impl_->cuda.begin()->second;
+  }
+  int32_t have = parent_nccl ? 1 : 0;
+  impl_->mpi->allreduce(Tensor::of(&have, 1), ReduceOp::kMin,
+                        OpOptions{"nccl split agreement"});
+  if (have) {
+    auto nccl_child =
+        parent_nccl->split_with(color, key, host_child, child_name + "-cuda");
+    if (nccl_child && impl) {
+      comm::register_communicator(nccl_child);
+      impl->cuda.emplace(nccl_child->device(), nccl_child);
+    }
+  }
+  if (!impl) return nullptr;
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::node_group() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->node) return impl_->node;
+  if (!impl_->mpi) {
+    impl_->node = std::make_shared<ProcessGroup>(std::make_unique<ProcessGroupImpl>(
+        impl_->name + "/node", std::make_shared<comm::LocalCommunicator>(impl_->name + "/node")));
+    return impl_->node;
+  }
+  auto c = impl_->mpi->split_shared(impl_->name + "/node");
+  comm::register_communicator(c);
+  impl_->node = std::make_shared<ProcessGroup>(
+      std::make_unique<ProcessGroupImpl>(impl_->name + "/node", c));
+  return impl_->node;
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::cross_node_group() {
+  auto node = node_group();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->cross) return impl_->cross;
+  }
+  auto cross = split_group(node->rank(), rank(), impl_->name + "/cross");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->cross = cross;
+  return cross;
+}
+
+int ProcessGroup::world_rank(int group_rank) const {
+  TUTTI_ARG_CHECK(group_rank >= 0 && group_rank < size(), "rank ", group_rank,
+                  " is not in group '", impl_->name, "' of size ", size());
+  return impl_->mpi ? impl_->mpi->world_rank(group_rank) : group_rank;
+}
+
+void ProcessGroup::synchronize() {
+  if (impl_->mpi) impl_->mpi->drain();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& c : impl_->cuda) c.second->drain();
+}
+
+}  // namespace tutti

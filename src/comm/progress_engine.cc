@@ -1,0 +1,74 @@
+#include "comm/progress_engine.h"
+
+#include <pthread.h>
+
+namespace tutti {
+namespace comm {
+
+ProgressEngine::ProgressEngine(std::string name, bool threaded)
+    : name_(std::move(name)), threaded_(threaded) {}
+
+ProgressEngine::~ProgressEngine() { stop(); }
+
+void ProgressEngine::submit(std::function<void()> task, bool blocking) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!threaded_) {
+    // Serialise on the caller's thread, still in submission order.
+    cv_.wait(lock, [&] { return !busy_; });
+    run_here(lock, task);
+    return;
+  }
+  if (blocking && !busy_ && queue_.empty()) {
+    run_here(lock, task);
+    return;
+  }
+  if (!thread_.joinable() && !stopping_) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  queue_.push_back(std::move(task));
+  cv_.notify_all();
+}
+
+void ProgressEngine::run_here(std::unique_lock<std::mutex>& lock,
+                              const std::function<void()>& task) {
+  busy_ = true;
+  lock.unlock();
+  task();
+  lock.lock();
+  busy_ = false;
+  cv_.notify_all();
+}
+
+void ProgressEngine::loop() {
+  const std::string thread_name = ("tutti-" + name_).substr(0, 15);
+  pthread_setname_np(pthread_self(), thread_name.c_str());
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
+    if (queue_.empty()) {
+      if (stopping_) return;
+      continue;
+    }
+    std::function<void()> task = std::move(queue_.front());
+    queue_.pop_front();
+    run_here(lock, task);
+  }
+}
+
+void ProgressEngine::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
+void ProgressEngine::stop() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace comm
+}  // namespace tutti

@@ -1,0 +1,53 @@
+// Runs a communicator's operations one at a time, in submission order.
+//
+// Every rank submits the same sequence of collectives, so running them in
+// order on one thread keeps the ranks matched.  A blocking call that finds
+// the engine idle runs on the caller's thread (no hand-off latency); an
+// async call, or a blocking one behind queued work, is queued for the
+// engine's thread.  Without a thread (MPI below MPI_THREAD_MULTIPLE) every
+// task runs on the submitting thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace tutti {
+namespace comm {
+
+class ProgressEngine {
+ public:
+  ProgressEngine(std::string name, bool threaded);
+  ~ProgressEngine();
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  // Tasks must not throw (they report through their Work).
+  void submit(std::function<void()> task, bool blocking);
+  // Waits until everything submitted so far has run.
+  void drain();
+  // Drains, then stops the thread.  Idempotent.
+  void stop();
+
+ private:
+  void loop();
+  // Runs `task` here with the engine marked busy; `lock` is held on entry
+  // and exit.
+  void run_here(std::unique_lock<std::mutex>& lock,
+                const std::function<void()>& task);
+
+  std::string name_;
+  bool threaded_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace comm
+}  // namespace tutti

@@ -1,0 +1,21 @@
+// Every communicator tutti creates is registered here so that shutdown() can
+// drain and free them before MPI_Finalize, even if the application still
+// holds references to groups.
+#pragma once
+
+#include <memory>
+
+namespace tutti {
+namespace mpi {
+class MpiCommunicator;
+}
+namespace nccl {
+class NcclCommunicator;
+}
+namespace comm {
+
+void register_communicator(const std::shared_ptr<mpi::MpiCommunicator>& c);
+void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c);
+
+}  // namespace comm
+}  // namespace tutti

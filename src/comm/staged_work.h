@@ -1,0 +1,63 @@
+// Work whose operation is first queued, then started (posted to MPI or
+// enqueued on a CUDA stream) by the progress engine, and completes later.
+// Holds the shared queued -> started | failed bookkeeping.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "tutti/comm.h"
+
+namespace tutti {
+namespace comm {
+
+class StagedWork : public Work {
+ public:
+  uint64_t seq() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seq_;
+  }
+  std::string description() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return desc_;
+  }
+  // Called by the engine once the operation is posted.
+  void started(uint64_t seq, std::string desc) { settle(kStarted, nullptr, seq, std::move(desc)); }
+  // Called by the engine when the operation could not be started.
+  void failed(std::exception_ptr e, uint64_t seq, std::string desc) {
+    settle(kDone, e, seq, std::move(desc));
+  }
+
+ protected:
+  enum Stage { kQueued, kStarted, kDone };
+  // Waits until the engine has started or failed the operation; `lock`
+  // holds mu_ afterwards.  Rethrows a failure.
+  void wait_started(std::unique_lock<std::mutex>& lock) {
+    cv_.wait(lock, [&] { return stage_ != kQueued; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Stage stage_ = kQueued;
+  uint64_t seq_ = 0;
+  std::string desc_;
+  std::exception_ptr error_;
+
+ private:
+  void settle(Stage stage, std::exception_ptr e, uint64_t seq, std::string desc) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stage_ = stage;
+      error_ = e;
+      seq_ = seq;
+      desc_ = std::move(desc);
+    }
+    cv_.notify_all();
+  }
+};
+
+}  // namespace comm
+}  // namespace tutti

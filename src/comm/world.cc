@@ -1,0 +1,185 @@
+// tutti::init / shutdown and the world group.
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/mpi/status_service.h"
+#include "comm/process_group_impl.h"
+#include "comm/registry.h"
+#include "core/check.h"
+#include "core/gemm.h"
+#include "core/runtime_state.h"
+#include "tutti/config.h"
+#include "tutti/log.h"
+#include "tutti/process_group.h"
+
+namespace tutti {
+namespace {
+
+struct WorldState {
+  std::recursive_mutex mu;
+  bool initialized = false;
+  bool atexit_registered = false;
+  mpi::InitState mpi_state;
+  bool use_mpi = false;
+  ProcessGroupPtr world;
+  int local_rank = 0;
+  int local_size = 1;
+  std::mutex registry_mu;
+  std::vector<std::weak_ptr<mpi::MpiCommunicator>> mpi_comms;
+  std::vector<std::weak_ptr<nccl::NcclCommunicator>> nccl_comms;
+};
+
+WorldState& state() {
+  static WorldState* s = new WorldState();  // outlives static destructors
+  return *s;
+}
+
+void shutdown_at_exit() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kError) << "shutdown at exit failed: " << e.what();
+  }
+}
+
+void set_blas_threads(int local_size) {
+  if (std::getenv("OPENBLAS_NUM_THREADS") || std::getenv("OMP_NUM_THREADS"))
+    return;  // the user decided
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  blas::set_num_threads(std::max(1, cores / std::max(1, local_size)));
+}
+
+}  // namespace
+
+namespace comm {
+void register_communicator(const std::shared_ptr<mpi::MpiCommunicator>& c) {
+  if (!c) return;
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.registry_mu);
+  s.mpi_comms.push_back(c);
+}
+void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c) {
+  if (!c) return;
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.registry_mu);
+  s.nccl_comms.push_back(c);
+}
+}  // namespace comm
+
+void init(const InitOptions& options) {
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (s.initialized) return;
+  const std::string mode =
+      options.world.empty() ? config::get_string("TUTTI_WORLD") : options.world;
+  TUTTI_ARG_CHECK(mode == "auto" || mode == "mpi" || mode == "local",
+                  "TUTTI_WORLD / InitOptions::world = '", mode,
+                  "' (expected auto, mpi or local)");
+  s.use_mpi = mode == "mpi" ||
+              (mode == "auto" && (mpi::launched_by_launcher() || mpi::is_initialized()));
+  if (s.use_mpi) {
+    s.mpi_state = mpi::initialize();
+    const bool threaded = s.mpi_state.thread_level >= MPI_THREAD_MULTIPLE;
+    int wr = 0, ws = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm_size(MPI_COMM_WORLD, &ws);
+    set_runtime_world(wr, ws);
+    if (!threaded)
+      TUTTI_LOG(kWarn) << "MPI was initialised with thread level "
+                       << s.mpi_state.thread_level
+                       << " (< MPI_THREAD_MULTIPLE): tutti runs every "
+                          "operation on the calling thread (no overlap) and "
+                          "cannot ask peers for their status on timeouts";
+    mpi::StatusService::instance().start(MPI_COMM_WORLD, threaded);
+    MPI_Comm dup;
+    TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+    auto world_comm = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1, threaded);
+    comm::register_communicator(world_comm);
+    s.world = std::make_shared<ProcessGroup>(
+        std::make_unique<ProcessGroupImpl>("world", world_comm));
+    auto node = s.world->node_group();
+    s.local_rank = node->rank();
+    s.local_size = node->size();
+  } else {
+    set_runtime_world(0, 1);
+    s.world = std::make_shared<ProcessGroup>(std::make_unique<ProcessGroupImpl>(
+        "world", std::make_shared<comm::LocalCommunicator>("world")));
+    s.local_rank = 0;
+    s.local_size = 1;
+  }
+  set_blas_threads(s.local_size);
+  s.initialized = true;
+  if (!s.atexit_registered) {
+    std::atexit(shutdown_at_exit);
+    s.atexit_registered = true;
+  }
+  TUTTI_LOG(kInfo) << "tutti initialised: rank " << s.world->rank() << " of "
+                   << s.world->size() << " ("
+                   << (s.use_mpi ? "MPI" : "local world of one")
+                   << "), local rank " << s.local_rank << " of "
+                   << s.local_size;
+}
+
+void shutdown() {
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  if (!s.initialized) return;
+  std::vector<std::shared_ptr<mpi::MpiCommunicator>> mpis;
+  std::vector<std::shared_ptr<nccl::NcclCommunicator>> nccls;
+  {
+    std::lock_guard<std::mutex> rl(s.registry_mu);
+    for (auto& w : s.nccl_comms)
+      if (auto c = w.lock()) nccls.push_back(c);
+    for (auto& w : s.mpi_comms)
+      if (auto c = w.lock()) mpis.push_back(c);
+    s.nccl_comms.clear();
+    s.mpi_comms.clear();
+  }
+  bool poisoned = false;
+  for (auto& c : nccls) c->close();
+  for (auto& c : mpis) {
+    poisoned = poisoned || c->poisoned();
+    c->close();
+  }
+  s.world.reset();
+  if (s.use_mpi) {
+    mpi::StatusService::instance().stop();
+    if (poisoned) {
+      // An abandoned request may never complete; MPI_Finalize could hang.
+      TUTTI_LOG(kWarn) << "not finalising MPI: a communicator timed out "
+                          "earlier; exit the process";
+    } else {
+      mpi::finalize(s.mpi_state);
+    }
+  }
+  s.initialized = false;
+  set_runtime_world(-1, -1);
+}
+
+bool initialized() {
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  return s.initialized;
+}
+
+ProcessGroupPtr world() {
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  TUTTI_ARG_CHECK(s.initialized, "tutti is not initialised: call tutti::init() first");
+  return s.world;
+}
+
+int rank() { return world()->rank(); }
+int size() { return world()->size(); }
+int local_rank() {
+  world();
+  return state().local_rank;
+}
+int local_size() {
+  world();
+  return state().local_size;
+}
+
+}  // namespace tutti

@@ -1,0 +1,170 @@
+// The one table of TUTTI_* settings.  Add a setting here (and to
+// docs/settings.md; tests/core/test_config.cc checks they agree).
+#include "tutti/config.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/check.h"
+
+namespace tutti {
+namespace config {
+namespace {
+
+const std::vector<SettingInfo> kSettings = {
+    // ---- core and communication
+    {"TUTTI_LOG_LEVEL", "string", "warn",
+     "Log level: error, warn, info, debug or trace."},
+    {"TUTTI_WORLD", "string", "auto",
+     "auto: MPI under a launcher or an application-initialised MPI, else a "
+     "world of one without MPI; mpi: always MPI; local: never MPI."},
+    {"TUTTI_TIMEOUT", "float", "300",
+     "Seconds an operation may take before the watchdog fails it with an "
+     "error naming the ranks that never arrived; 0 disables the watchdog."},
+    {"TUTTI_CHECK_COLLECTIVES", "bool", "1",
+     "Before each collective, check that all ranks agree on its kind, dtype, "
+     "element count, reduce op and root (one 16-byte all-reduce)."},
+    {"TUTTI_STATUS_GRACE_MS", "int", "2000",
+     "After a timeout, how long to wait for peers to report where they are."},
+    {"TUTTI_NCCL", "bool", "1",
+     "Use NCCL for CUDA tensors (when built with NCCL)."},
+    // ---- data parallel
+    {"TUTTI_BUCKET_MB", "float", "25",
+     "Gradient bucket cap in MiB for the data-parallel reducer."},
+    {"TUTTI_FIRST_BUCKET_MB", "float", "1",
+     "Cap of the first bucket (the last layers' gradients), so communication "
+     "starts early in the backward pass; 0 uses TUTTI_BUCKET_MB."},
+    {"TUTTI_HIERARCHICAL", "bool", "0",
+     "Hierarchical all-reduce: reduce within the node, all-reduce across "
+     "nodes, broadcast within the node."},
+    // ---- compression
+    {"TUTTI_COMPRESSION", "string", "none",
+     "Default gradient compressor: none, fp16, bf16, topk, powersgd, onebit, "
+     "auto."},
+    {"TUTTI_TOPK_RATIO", "float", "0.01",
+     "Fraction of elements top-k compression sends."},
+    {"TUTTI_POWERSGD_RANK", "int", "4", "PowerSGD approximation rank."},
+    {"TUTTI_POWERSGD_START_STEP", "int", "0",
+     "Step before which PowerSGD sends uncompressed gradients."},
+    {"TUTTI_AUTO_PROBE_STEPS", "int", "5",
+     "Steps the auto compressor measures before choosing per bucket."},
+    // ---- checkpoints
+    {"TUTTI_CKPT_DIR", "string", "",
+     "Checkpoint directory used by examples and tutti-run."},
+    {"TUTTI_CKPT_KEEP", "int", "3",
+     "Complete checkpoints to keep (never fewer than 1)."},
+    {"TUTTI_CKPT_MAX_HEADER_MB", "int", "100",
+     "Largest safetensors JSON header the loader accepts."},
+    {"TUTTI_FAULT_INJECT", "string", "",
+     "Testing only: kill this rank with SIGKILL at a named checkpoint point, "
+     "e.g. 'after_shard_write' or 'before_latest:rank=1'."},
+    // ---- preemption
+    {"TUTTI_PREEMPT_SOURCES", "string", "signals,file",
+     "Comma-separated preemption notice sources: signals, file, aws, gcp, "
+     "azure (or all)."},
+    {"TUTTI_PREEMPT_POLL_MS", "int", "1000",
+     "Poll interval of the metadata-endpoint and trigger-file sources."},
+    {"TUTTI_PREEMPT_FILE", "string", "/tmp/tutti-preempt",
+     "Trigger file: its existence is a preemption notice (Kubernetes "
+     "preStop hooks create it)."},
+    {"TUTTI_AWS_METADATA_URL", "string", "http://169.254.169.254",
+     "AWS instance metadata service base URL (IMDSv2)."},
+    {"TUTTI_GCP_METADATA_URL", "string", "http://metadata.google.internal",
+     "GCP metadata server base URL."},
+    {"TUTTI_AZURE_METADATA_URL", "string", "http://169.254.169.254",
+     "Azure Instance Metadata Service base URL (Scheduled Events)."},
+    {"TUTTI_HTTP_TIMEOUT_MS", "int", "500",
+     "Timeout of one metadata-endpoint request."},
+    // ---- launcher
+    {"TUTTI_MAX_RESTARTS", "int", "3",
+     "tutti-run: restarts after a failure or preemption exit."},
+    {"TUTTI_RESTART_BACKOFF_S", "float", "1",
+     "tutti-run: first restart delay, doubled each time (capped at 60 s)."},
+};
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<std::string, std::string> raw;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // leaked: used during static destruction
+  return *c;
+}
+
+const SettingInfo& find(const char* name) {
+  for (const auto& s : kSettings)
+    if (std::strcmp(s.name, name) == 0) return s;
+  TUTTI_THROW(kInternal, "unknown setting ", name);
+}
+
+// The raw string (environment or default), read once per reload().
+std::string raw(const char* name, const SettingInfo** info_out) {
+  const SettingInfo& info = find(name);
+  *info_out = &info;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.raw.find(name);
+  if (it != c.raw.end()) return it->second;
+  const char* env = std::getenv(name);
+  std::string v = env ? std::string(env) : std::string(info.default_value);
+  c.raw.emplace(name, v);
+  return v;
+}
+
+[[noreturn]] void bad(const SettingInfo& info, const std::string& value,
+                      const char* expected) {
+  TUTTI_THROW(kInvalidArgument, info.name, "='", value, "' is not ", expected,
+              " (default ", info.default_value, ": ", info.help, ")");
+}
+
+}  // namespace
+
+const std::vector<SettingInfo>& all_settings() { return kSettings; }
+
+int64_t get_int(const char* name) {
+  const SettingInfo* info;
+  std::string v = raw(name, &info);
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || errno != 0 || *end != '\0') bad(*info, v, "an integer");
+  return x;
+}
+
+double get_double(const char* name) {
+  const SettingInfo* info;
+  std::string v = raw(name, &info);
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || errno != 0 || *end != '\0') bad(*info, v, "a number");
+  return x;
+}
+
+bool get_bool(const char* name) {
+  const SettingInfo* info;
+  std::string v = raw(name, &info);
+  for (auto& ch : v) ch = static_cast<char>(std::tolower(ch));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  bad(*info, v, "a boolean (1/0, true/false, yes/no, on/off)");
+}
+
+std::string get_string(const char* name) {
+  const SettingInfo* info;
+  return raw(name, &info);
+}
+
+void reload() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.raw.clear();
+}
+
+}  // namespace config
+}  // namespace tutti

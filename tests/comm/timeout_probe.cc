@@ -1,0 +1,59 @@
+// Driven by timeout_test.sh: one rank fails to arrive at a collective; the
+// others must fail within TUTTI_TIMEOUT with an error naming it.
+//   timeout_probe straggler  rank 1 sleeps outside tutti (it still answers
+//                            status queries: "never arrived")
+//   timeout_probe frozen     rank 1 stops itself with SIGSTOP ("did not
+//                            answer")
+// Each rank that sees the expected error prints "PROBE-OK rank R: <message>".
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tutti/tutti.h"
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "straggler";
+  tutti::init();
+  auto w = tutti::world();
+  const int rank = w->rank();
+  std::vector<float> v(1000, 1.0f);
+  if (rank == 1) {
+    if (mode == "frozen") {
+      raise(SIGSTOP);
+    } else {
+      sleep(30);  // mpirun ends the job when the others exit
+    }
+    return 0;
+  }
+  try {
+    w->allreduce(tutti::Tensor::of(v), tutti::ReduceOp::kSum, {"probe"});
+    std::printf("PROBE-FAIL rank %d: the allreduce completed\n", rank);
+  } catch (const tutti::Error& e) {
+    const std::string m = e.what();
+    const char* want = mode == "frozen" ? "did not answer" : "never arrived: rank 1";
+    if (e.code() == tutti::ErrorCode::kTimeout && m.find(want) != std::string::npos &&
+        m.find("allreduce #") != std::string::npos &&
+        m.find("'probe'") != std::string::npos)
+      std::printf("PROBE-OK rank %d: %s\n", rank, m.c_str());
+    else
+      std::printf("PROBE-FAIL rank %d: unexpected error: %s\n", rank, m.c_str());
+  }
+  std::fflush(stdout);
+  // A later op on the timed-out communicator fails fast.
+  try {
+    w->barrier();
+    std::printf("PROBE-FAIL rank %d: barrier after timeout succeeded\n", rank);
+  } catch (const tutti::Error& e) {
+    if (e.code() == tutti::ErrorCode::kAborted)
+      std::printf("PROBE-ABORTED-OK rank %d\n", rank);
+    else
+      std::printf("PROBE-FAIL rank %d: %s\n", rank, e.what());
+  }
+  std::fflush(stdout);
+  tutti::shutdown();
+  return 0;
+}

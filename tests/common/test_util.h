@@ -1,0 +1,54 @@
+// Helpers for tutti's tests: per-rank deterministic data, comparisons that
+// name the first differing element, and GPU skipping.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tutti/tutti.h"
+
+namespace tutti {
+namespace test {
+
+// Distinct, exactly representable value for (rank, index) in every dtype:
+// small integers, so sums over a few ranks stay exact even in float16.
+double rank_value(int rank, int64_t i);
+
+// A typed buffer of n elements filled with fill(i).
+struct Buffer {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  Buffer(DType d, int64_t n) : dtype(d), bytes(static_cast<size_t>(n) * dtype_size(d)) {}
+  int64_t numel() const { return static_cast<int64_t>(bytes.size() / dtype_size(dtype)); }
+  Tensor tensor() { return Tensor(bytes.data(), dtype, Shape{numel()}); }
+  double get(int64_t i) const { return load_as_double(bytes.data(), dtype, static_cast<size_t>(i)); }
+  void set(int64_t i, double v) { store_from_double(bytes.data(), dtype, static_cast<size_t>(i), v); }
+  template <typename F>
+  void fill(F f) {
+    for (int64_t i = 0; i < numel(); ++i) set(i, f(i));
+  }
+};
+
+// EXPECT-style comparison of every element with expected(i) (exact unless
+// tol > 0, then |a - e| <= tol * max(1, |e|)); reports the first mismatch.
+::testing::AssertionResult matches(const Buffer& b,
+                                   const std::function<double(int64_t)>& expected,
+                                   double tol = 0);
+
+// Exit code that ctest treats as "skipped" for tests labelled gpu.
+constexpr int kSkipExitCode = 77;
+
+// Every rank agrees whether the test passed so far (for early exits).
+bool all_ranks_ok(bool ok);
+
+}  // namespace test
+}  // namespace tutti
+
+// In a gpu test: skip (all ranks) when no CUDA device is available.
+#define TUTTI_REQUIRE_GPU()                                             \
+  do {                                                                  \
+    if (::tutti::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
