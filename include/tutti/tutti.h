@@ -12,4 +12,5 @@
 #include "tutti/error.h"
 #include "tutti/log.h"
 #include "tutti/process_group.h"
+#include "tutti/state.h"
 #include "tutti/tensor.h"

@@ -1,0 +1,5 @@
+#include "tutti/state.h"
+
+namespace tutti {
+Stateful::~Stateful() = default;
+}  // namespace tutti
