@@ -36,5 +36,9 @@ TUTTI_API std::string get_string(const char* name);
 // tests and for Python code that changes os.environ before tutti.init().
 TUTTI_API void reload();
 
+// Incremented by every reload(); lets hot paths cache values and refresh
+// them only when the environment was re-read.
+TUTTI_API uint64_t generation();
+
 }  // namespace config
 }  // namespace tutti

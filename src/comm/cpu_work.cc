@@ -1,5 +1,7 @@
 #include "comm/cpu_work.h"
 
+#include "comm/op_desc.h"
+
 namespace tutti {
 namespace comm {
 
@@ -22,13 +24,16 @@ uint64_t CpuWork::seq() const {
 
 std::string CpuWork::description() const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (request_) return describe(*request_, seq_, group_);
   return description_;
 }
 
-void CpuWork::start(uint64_t seq, std::string description) {
+void CpuWork::start(uint64_t seq, std::shared_ptr<const OpRequest> request,
+                    const std::string& group) {
   std::lock_guard<std::mutex> lock(mu_);
   seq_ = seq;
-  description_ = std::move(description);
+  request_ = std::move(request);
+  group_ = group;
 }
 
 void CpuWork::finish(std::exception_ptr error) {

@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -22,8 +23,10 @@ class CpuWork : public Work {
   uint64_t seq() const override;
   std::string description() const override;
 
-  // Records the sequence number and description once the op starts.
-  void start(uint64_t seq, std::string description);
+  // Records the sequence number once the op starts; the description is
+  // formatted from the request only if someone asks for it.
+  void start(uint64_t seq, std::shared_ptr<const OpRequest> request,
+             const std::string& group);
 
   // Marks the work done (error may be null).  Called once.
   void finish(std::exception_ptr error = nullptr);
@@ -32,6 +35,8 @@ class CpuWork : public Work {
   mutable std::mutex mu_;
   uint64_t seq_;
   std::string description_;
+  std::shared_ptr<const OpRequest> request_;
+  std::string group_;
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;

@@ -129,7 +129,11 @@ std::string describe(const OpRequest& r, uint64_t seq,
   return os.str();
 }
 
-void validate(const OpRequest& r, int rank, int size, const std::string& d) {
+std::ostream& operator<<(std::ostream& os, const OpLabel& label) {
+  return os << label.str();
+}
+
+void validate(const OpRequest& r, int rank, int size, const OpLabel& d) {
   const Tensor& in = r.input;
   const Tensor& out = r.output;
   auto same_dtype = [&] {

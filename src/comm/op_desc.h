@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,29 @@ std::string describe_wire(const WireDesc& w);
 // "allreduce #42 'layer3.weight' float32[1024] sum on group 'world'"
 std::string describe(const OpRequest& r, uint64_t seq, const std::string& group);
 
+// An operation's description, formatted only when someone prints it (error
+// messages), so the hot path does not build strings.  Streams with <<.
+class OpLabel {
+ public:
+  OpLabel(const OpRequest& r, uint64_t seq, const std::string& group)
+      : request_(&r), seq_(seq), group_(&group) {}
+  explicit OpLabel(std::string text) : text_(std::move(text)) {}
+  std::string str() const {
+    return request_ ? describe(*request_, seq_, *group_) : text_;
+  }
+
+ private:
+  const OpRequest* request_ = nullptr;
+  uint64_t seq_ = 0;
+  const std::string* group_ = nullptr;
+  std::string text_;
+};
+std::ostream& operator<<(std::ostream& os, const OpLabel& label);
+
 // Checks a request's local consistency (shapes, dtypes, roots, counts,
 // overlap); throws Error(kInvalidArgument) naming the op and what was
 // expected.
-void validate(const OpRequest& r, int rank, int size, const std::string& desc);
+void validate(const OpRequest& r, int rank, int size, const OpLabel& desc);
 
 // Given every rank's descriptor (index = rank), the message for a mismatch:
 // "ranks 1, 3 have float16 x1000 sum but rank 0 has float32 x1000 sum".

@@ -2,6 +2,7 @@
 // docs/settings.md; tests/core/test_config.cc checks they agree).
 #include "tutti/config.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -89,6 +90,7 @@ const std::vector<SettingInfo> kSettings = {
 struct Cache {
   std::mutex mu;
   std::unordered_map<std::string, std::string> raw;
+  std::atomic<uint64_t> generation{1};
 };
 
 Cache& cache() {
@@ -164,7 +166,10 @@ void reload() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   c.raw.clear();
+  c.generation.fetch_add(1);
 }
+
+uint64_t generation() { return cache().generation.load(std::memory_order_acquire); }
 
 }  // namespace config
 }  // namespace tutti

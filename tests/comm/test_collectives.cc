@@ -32,32 +32,43 @@ double prod_value(int r, int64_t i) {
   return static_cast<double>((i + r) % 5) - 2.0;
 }
 
-double input_value(DType d, ReduceOp op, int r, int64_t i) {
-  return stored(d, op == ReduceOp::kProd ? prod_value(r, i) : rank_value(r, i));
+// Rank r's input for `op`, as stored in the dtype (whole vector, one pass).
+std::vector<double> inputs(DType d, ReduceOp op, int r, int64_t n) {
+  Buffer b(d, n);
+  b.fill([&](int64_t i) { return op == ReduceOp::kProd ? prod_value(r, i) : rank_value(r, i); });
+  return b.values();
 }
 
 // The reduction over ranks computed in double, then rounded like tutti
-// rounds (sum of small integers is exact in every dtype; avg divides once in
-// the element type's arithmetic).
-double expected_reduce(DType d, ReduceOp op, int n, int64_t i) {
-  double acc = input_value(d, op, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const double v = input_value(d, op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
+// rounds (sums of these small integers are exact in every dtype; avg divides
+// once in the element type's arithmetic).
+std::vector<double> expected_reduce(DType d, ReduceOp op, int nranks, int64_t n) {
+  std::vector<double> acc = inputs(d, op, 0, n);
+  for (int r = 1; r < nranks; ++r) {
+    const std::vector<double> v = inputs(d, op, r, n);
+    for (size_t i = 0; i < acc.size(); ++i) {
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg: acc[i] += v[i]; break;
+        case ReduceOp::kProd: acc[i] *= v[i]; break;
+        case ReduceOp::kMin: acc[i] = std::min(acc[i], v[i]); break;
+        case ReduceOp::kMax: acc[i] = std::max(acc[i], v[i]); break;
+      }
     }
   }
-  if (op == ReduceOp::kAvg) {
-    if (!dtype_is_floating(d)) return std::trunc(acc / n);
-    if (d == DType::kFloat64) return acc / n;
-    // float32 division, then rounded to the 16-bit type once.
-    return stored(d, static_cast<double>(static_cast<float>(acc) / static_cast<float>(n)));
+  for (double& a : acc) {
+    if (op == ReduceOp::kAvg) {
+      if (!dtype_is_floating(d))
+        a = std::trunc(a / nranks);
+      else if (d == DType::kFloat64)
+        a = a / nranks;
+      else  // float32 division, rounded to the element type once
+        a = static_cast<double>(static_cast<float>(a) / static_cast<float>(nranks));
+    }
   }
-  return stored(d, acc);
+  Buffer rounded(d, n);
+  rounded.fill([&](int64_t i) { return acc[static_cast<size_t>(i)]; });
+  return rounded.values();
 }
 
 class Collectives : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {
@@ -72,15 +83,16 @@ class Collectives : public ::testing::TestWithParam<std::tuple<DType, int64_t>> 
 TEST_P(Collectives, AllreduceEveryOpInPlaceAndOutOfPlace) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
                       ReduceOp::kMax, ReduceOp::kProd}) {
+    const std::vector<double> mine = inputs(dtype(), op, rank, n());
+    const std::vector<double> expect = expected_reduce(dtype(), op, size, n());
     Buffer in(dtype(), n()), out(dtype(), n());
-    in.fill([&](int64_t i) { return input_value(dtype(), op, rank, i); });
+    in.fill([&](int64_t i) { return mine[i]; });
     w->allreduce(in.tensor(), out.tensor(), op);
-    EXPECT_TRUE(test::matches(out, [&](int64_t i) { return expected_reduce(dtype(), op, size, i); }))
+    EXPECT_TRUE(test::matches(out, [&](int64_t i) { return expect[i]; }))
         << reduce_op_name(op) << " out-of-place";
-    EXPECT_TRUE(test::matches(in, [&](int64_t i) { return input_value(dtype(), op, rank, i); }))
-        << "input untouched";
+    EXPECT_TRUE(test::matches(in, [&](int64_t i) { return mine[i]; })) << "input untouched";
     w->allreduce(in.tensor(), op);
-    EXPECT_TRUE(test::matches(in, [&](int64_t i) { return expected_reduce(dtype(), op, size, i); }))
+    EXPECT_TRUE(test::matches(in, [&](int64_t i) { return expect[i]; }))
         << reduce_op_name(op) << " in place";
   }
 }
@@ -134,12 +146,13 @@ TEST_P(Collectives, AllgathervWithUnequalCounts) {
 TEST_P(Collectives, ReduceScatterEveryOp) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
                       ReduceOp::kMax, ReduceOp::kProd}) {
+    const std::vector<double> mine = inputs(dtype(), op, rank, n() * size);
+    const std::vector<double> expect = expected_reduce(dtype(), op, size, n() * size);
     Buffer in(dtype(), n() * size), out(dtype(), n());
-    in.fill([&](int64_t j) { return input_value(dtype(), op, rank, j); });
+    in.fill([&](int64_t j) { return mine[j]; });
     w->reduce_scatter(in.tensor(), out.tensor(), op);
-    EXPECT_TRUE(test::matches(out, [&](int64_t i) {
-      return expected_reduce(dtype(), op, size, rank * n() + i);
-    })) << reduce_op_name(op);
+    EXPECT_TRUE(test::matches(out, [&](int64_t i) { return expect[rank * n() + i]; }))
+        << reduce_op_name(op);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,9 +27,18 @@ struct Buffer {
   Tensor tensor() { return Tensor(bytes.data(), dtype, Shape{numel()}); }
   double get(int64_t i) const { return load_as_double(bytes.data(), dtype, static_cast<size_t>(i)); }
   void set(int64_t i, double v) { store_from_double(bytes.data(), dtype, static_cast<size_t>(i), v); }
+  // Sets every element to f(i) (computed in double, converted in one pass).
   template <typename F>
   void fill(F f) {
-    for (int64_t i = 0; i < numel(); ++i) set(i, f(i));
+    std::vector<double> v(static_cast<size_t>(numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = f(static_cast<int64_t>(i));
+    convert(v.data(), DType::kFloat64, bytes.data(), dtype, v.size());
+  }
+  // All elements as doubles (one conversion pass).
+  std::vector<double> values() const {
+    std::vector<double> v(static_cast<size_t>(numel()));
+    convert(bytes.data(), dtype, v.data(), DType::kFloat64, v.size());
+    return v;
   }
 };
 

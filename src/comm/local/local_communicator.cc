@@ -12,8 +12,8 @@ namespace comm {
 WorkPtr LocalCommunicator::submit(const OpRequest& r, bool) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = ++next_seq_;
-  const std::string desc = describe(r, seq, name_);
-  auto work = std::make_shared<CpuWork>(seq, desc);
+  const OpLabel desc(r, seq, name_);
+  auto work = std::make_shared<CpuWork>(seq, desc.str());
   try {
     validate(r, 0, 1, desc);
     if (r.kind != CollectiveKind::kBarrier)

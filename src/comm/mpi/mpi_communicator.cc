@@ -22,7 +22,7 @@ constexpr uint8_t kSplitKind = 200;
 // Largest element count passed to one MPI call (counts are int).
 constexpr int64_t kMaxChunk = int64_t{1} << 30;
 
-int checked_int(int64_t v, const std::string& desc, const char* what) {
+int checked_int(int64_t v, const comm::OpLabel& desc, const char* what) {
   if (v > INT_MAX)
     TUTTI_THROW(kUnsupported, desc, ": ", what, " of ", v,
                 " elements exceeds MPI's int count limit (", INT_MAX,
@@ -60,7 +60,8 @@ class P2PWork : public comm::StagedWork {
     if (rc != MPI_SUCCESS) fail_locked(translate(rc));
     if (!ok) {
       try {
-        owner_->fail_timeout(desc_, seq_, timeout_s_, "waiting for the peer");
+        owner_->fail_timeout(comm::OpLabel(desc_), seq_, timeout_s_,
+                             "waiting for the peer");
       } catch (...) {
         fail_locked(std::current_exception());
       }
@@ -166,10 +167,19 @@ void MpiCommunicator::close() {
 
 void MpiCommunicator::drain() { engine_.drain(); }
 
+void MpiCommunicator::refresh_settings() {
+  const uint64_t gen = config::generation();
+  std::lock_guard<std::mutex> lock(settings_mu_);
+  if (gen == settings_generation_) return;
+  timeout_s_ = config::get_double("TUTTI_TIMEOUT");
+  check_ops_ = config::get_bool("TUTTI_CHECK_COLLECTIVES");
+  settings_generation_ = gen;
+}
+
 WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
-  const double timeout = request.options.timeout_s > 0
-                             ? request.options.timeout_s
-                             : config::get_double("TUTTI_TIMEOUT");
+  refresh_settings();
+  const double timeout =
+      request.options.timeout_s > 0 ? request.options.timeout_s : timeout_s_;
   if (request.kind == CollectiveKind::kSend ||
       request.kind == CollectiveKind::kRecv) {
     auto work = std::make_shared<P2PWork>(
@@ -182,7 +192,7 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
           // Point-to-point ops involve two ranks only: they are numbered
           // apart from the collectives, which every rank counts.
           const uint64_t seq = ++self->next_p2p_seq_;
-          const std::string desc = comm::describe(request, seq, self->name_);
+          const comm::OpLabel desc(request, seq, self->name_);
           try {
             if (self->closed_ || self->poisoned_)
               TUTTI_THROW(kAborted, desc, ": communicator '", self->name_,
@@ -202,9 +212,9 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
                                         datatype(request.input.dtype()),
                                         request.root, request.tag, self->data_,
                                         work->request()));
-            work->started(seq, desc);
+            work->started(seq, desc.str());
           } catch (...) {
-            work->failed(std::current_exception(), seq, desc);
+            work->failed(std::current_exception(), seq, desc.str());
           }
         },
         false);
@@ -213,18 +223,20 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   auto work = std::make_shared<CpuWork>(0, "");
   auto self = shared_from_this();
   // The work's sequence number is assigned when it runs (run order is the
-  // order every rank agrees on); its description carries it.
-  auto holder = std::make_shared<OpRequest>(request);
-  holder->options.timeout_s = timeout;
-  engine_.submit([self, holder, work] { self->execute(*holder, *work); },
-                 blocking);
+  // order every rank agrees on).
+  auto q = std::make_shared<Queued>();
+  q->request = request;
+  q->request.options.timeout_s = timeout;
+  q->check = check_ops_;
+  engine_.submit([self, q, work] { self->execute(q, *work); }, blocking);
   return work;
 }
 
-void MpiCommunicator::execute(const OpRequest& r, CpuWork& work) {
+void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
+  const OpRequest& r = q->request;
   const uint64_t seq = ++next_seq_;
-  const std::string desc = comm::describe(r, seq, name_);
-  work.start(seq, desc);
+  const comm::OpLabel desc(r, seq, name_);
+  work.start(seq, std::shared_ptr<const OpRequest>(q, &q->request), name_);
   try {
     if (closed_ || poisoned_)
       TUTTI_THROW(kAborted, desc, ": communicator '", name_,
@@ -244,7 +256,7 @@ void MpiCommunicator::execute(const OpRequest& r, CpuWork& work) {
     } catch (const Error&) {
       local_error = std::current_exception();
     }
-    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
+    if (size_ > 1 && q->check) {
       check_agreement(check_, comm::make_wire(r, seq), local_error != nullptr,
                       desc, deadline, [&] {
                         fail_timeout(desc, seq, r.options.timeout_s,
@@ -264,7 +276,7 @@ void MpiCommunicator::execute(const OpRequest& r, CpuWork& work) {
 void MpiCommunicator::check_agreement(MPI_Comm check_comm,
                                       const comm::WireDesc& wire,
                                       bool locally_invalid,
-                                      const std::string& desc,
+                                      const comm::OpLabel& desc,
                                       const Deadline& deadline,
                                       const std::function<void()>& on_timeout) {
   comm::WireDesc w = wire;
@@ -302,7 +314,7 @@ void MpiCommunicator::check_agreement(MPI_Comm check_comm,
               comm::mismatch_message(all), "; no rank ran it");
 }
 
-void MpiCommunicator::fail_timeout(const std::string& desc, uint64_t seq,
+void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
                                    double seconds, const char* phase) {
   poisoned_ = true;
   std::vector<int> peers;
@@ -326,7 +338,7 @@ void MpiCommunicator::fail_timeout(const std::string& desc, uint64_t seq,
 }
 
 void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
-                                   const std::string& desc, uint64_t seq,
+                                   const comm::OpLabel& desc, uint64_t seq,
                                    MPI_Status* status) {
   if (!wait(req, deadline, status))
     fail_timeout(desc, seq, deadline.seconds(), "exchanging data");
@@ -334,7 +346,7 @@ void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
 
 void MpiCommunicator::run_collective(const OpRequest& r,
                                      const Deadline& deadline,
-                                     const std::string& desc, uint64_t seq) {
+                                     const comm::OpLabel& desc, uint64_t seq) {
   const Tensor& in = r.input;
   const Tensor& out = r.output;
   const size_t es = in.element_size();
@@ -462,9 +474,9 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
   std::shared_ptr<MpiCommunicator> child;
   run_ordered([&] {
     const uint64_t seq = ++next_seq_;
-    const std::string desc = detail::cat("split #", seq, " (color ", color,
+    const comm::OpLabel desc(detail::cat("split #", seq, " (color ", color,
                                          ", key ", key, ") of group '", name_,
-                                         "'");
+                                         "'"));
     if (closed_ || poisoned_)
       TUTTI_THROW(kAborted, desc, ": communicator is unusable");
     const double timeout = config::get_double("TUTTI_TIMEOUT");

@@ -67,21 +67,31 @@ class MpiCommunicator : public Communicator,
   // communicator built on it: throws kMismatch (all ranks) or kTimeout.
   // `check_comm` must be a communicator private to the caller.
   static void check_agreement(MPI_Comm check_comm, const comm::WireDesc& wire,
-                              bool locally_invalid, const std::string& desc,
+                              bool locally_invalid, const comm::OpLabel& desc,
                               const Deadline& deadline,
                               const std::function<void()>& on_timeout);
 
   // Builds the timeout error (asks peers where they are) and poisons this
   // communicator.
-  [[noreturn]] void fail_timeout(const std::string& desc, uint64_t seq,
+  [[noreturn]] void fail_timeout(const comm::OpLabel& desc, uint64_t seq,
                                  double seconds, const char* phase);
 
  private:
-  void execute(const OpRequest& r, comm::CpuWork& work);
+  // An operation as queued: the request plus the settings in force when it
+  // was submitted.
+  struct Queued {
+    OpRequest request;
+    bool check = true;
+  };
+  // TUTTI_TIMEOUT and TUTTI_CHECK_COLLECTIVES, re-read only after
+  // config::reload() (the hot path must not parse the environment).
+  void refresh_settings();
+
+  void execute(const std::shared_ptr<Queued>& q, comm::CpuWork& work);
   void run_collective(const OpRequest& r, const Deadline& deadline,
-                      const std::string& desc, uint64_t seq);
+                      const comm::OpLabel& desc, uint64_t seq);
   void wait_or_fail(MPI_Request* req, const Deadline& deadline,
-                    const std::string& desc, uint64_t seq,
+                    const comm::OpLabel& desc, uint64_t seq,
                     MPI_Status* status = MPI_STATUS_IGNORE);
 
   MPI_Comm data_ = MPI_COMM_NULL;
@@ -100,6 +110,10 @@ class MpiCommunicator : public Communicator,
   std::atomic<bool> poisoned_{false};
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
+  std::mutex settings_mu_;
+  uint64_t settings_generation_ = 0;
+  double timeout_s_ = 300;
+  bool check_ops_ = true;
 };
 
 }  // namespace mpi

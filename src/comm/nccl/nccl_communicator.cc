@@ -125,7 +125,7 @@ class NcclCommunicatorImpl {
     poisoned = true;
     if (comm) ncclCommAbort(comm);
     comm = nullptr;
-    if (host) host->fail_timeout(desc, seq, seconds, "waiting for NCCL");
+    if (host) host->fail_timeout(comm::OpLabel(desc), seq, seconds, "waiting for NCCL");
     TUTTI_THROW(kTimeout, desc, " did not complete within ", seconds,
                 " s (TUTTI_TIMEOUT); the NCCL communicator was aborted");
   }
@@ -187,7 +187,7 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, CudaWork& work) {
   const bool p2p =
       r.kind == CollectiveKind::kSend || r.kind == CollectiveKind::kRecv;
   const uint64_t seq = p2p ? ++next_p2p_seq : ++next_seq;
-  const std::string desc = comm::describe(r, seq, name);
+  const comm::OpLabel desc(r, seq, name);
   try {
     if (poisoned || closed || !comm)
       TUTTI_THROW(kAborted, desc, ": NCCL communicator '", name,
@@ -218,9 +218,9 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, CudaWork& work) {
     TUTTI_CUDA_CHECK(cudaStreamWaitEvent(stream->get(), work.ready.get(), 0));
     enqueue(r);
     work.done.record(stream->get());
-    work.started(seq, desc);
+    work.started(seq, desc.str());
   } catch (...) {
-    work.failed(std::current_exception(), seq, desc);
+    work.failed(std::current_exception(), seq, desc.str());
   }
 }
 

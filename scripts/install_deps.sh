@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs everything a fresh Debian 12 machine lacks to build, test and run
+# tutti.  Idempotent: a second run only checks.  Creates the project venv
+# (.venv, made from Debian's python3 with --system-site-packages so it sees
+# python3-torch, numpy and matplotlib) and installs the PyPI packages there.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+STAMP="$ROOT/.deps-stamp"
+VERSION=3   # bump when the lists below change
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libopenmpi-dev openmpi-bin             # MPI: launch, bootstrap, CPU data
+  libopenblas-dev                        # CPU GEMM
+  nlohmann-json3-dev libxxhash-dev libcurl4-openssl-dev
+  libgtest-dev libbenchmark-dev          # tests and micro-benchmarks
+  python3 python3-dev python3-venv python3-pip
+  python3-numpy python3-torch python3-matplotlib python3-pytest pybind11-dev
+  iproute2                               # network-namespace "hosts" for multi-node tests
+  clang libclang-rt-14-dev               # libFuzzer targets
+)
+PIP_PACKAGES=(scikit-build-core pybind11 safetensors pytest)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$VERSION" ] && [ -x "$ROOT/.venv/bin/python" ]; then
+  echo "install_deps: already done (delete $STAMP to force)"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x "$ROOT/.venv/bin/python" ]; then
+  /usr/bin/python3 -m venv --system-site-packages "$ROOT/.venv"
+fi
+"$ROOT/.venv/bin/python" -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
+"$ROOT/.venv/bin/python" - <<'PY'
+import numpy, torch, safetensors, pybind11, scikit_build_core  # noqa: F401
+print("install_deps: python ok (torch %s, numpy %s)" % (torch.__version__, numpy.__version__))
+PY
+echo "$VERSION" > "$STAMP"
+echo "install_deps: done"

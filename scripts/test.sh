@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs what is missing, builds
+# tutti (C++, CUDA paths compiled when nvcc exists), installs the Python
+# package into .venv, and runs every test (ctest drives the C++ tests, the
+# multi-rank mpiexec tests, the script-driven fault tests and pytest).
+#
+#   scripts/test.sh                 # everything
+#   scripts/test.sh -L comm         # extra arguments go to ctest
+#
+# Environment: TUTTI_BUILD_DIR (default build), TUTTI_CUDA_ARCHITECTURES
+# (default 90 to keep CI fast; the library's own default is "80;90"),
+# TUTTI_TEST_JOBS (default: number of cores).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD=${TUTTI_BUILD_DIR:-build}
+JOBS=${TUTTI_TEST_JOBS:-$(nproc)}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+scripts/install_deps.sh
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="${TUTTI_CUDA_ARCHITECTURES:-90}" \
+  -DTUTTI_BUILD_TESTS=ON -DTUTTI_BUILD_BENCH=ON -DTUTTI_BUILD_EXAMPLES=ON \
+  -DTUTTI_PYTHON="$ROOT/.venv/bin/python"
+cmake --build "$BUILD" -j "$JOBS"
+if [ -f pyproject.toml ]; then
+  # The Python package, built by scikit-build-core from this same CMake
+  # project (the tests import it from the venv).
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation .
+fi
+ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" "$@"
