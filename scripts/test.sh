@@ -26,6 +26,7 @@ cmake --build "$BUILD" -j "$JOBS"
 if [ -f pyproject.toml ]; then
   # The Python package, built by scikit-build-core from this same CMake
   # project (the tests import it from the venv).
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation .
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
+    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${TUTTI_CUDA_ARCHITECTURES:-90}" .
 fi
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" "$@"

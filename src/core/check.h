@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tutti/error.h"
+#include "tutti/export.h"
 
 namespace tutti {
 namespace detail {
@@ -25,11 +26,12 @@ std::string cat(const Args&... args) {
   return os.str();
 }
 
-// "rank 3: " once the world is known, "" before.
-std::string rank_prefix();
+// "rank 3: " once the world is known, "" before.  Exported (though not in
+// the installed headers) so the Python extension's checks raise the same way.
+TUTTI_API std::string rank_prefix();
 
-[[noreturn]] void throw_error(ErrorCode code, const char* file, int line,
-                              const std::string& message);
+[[noreturn]] TUTTI_API void throw_error(ErrorCode code, const char* file,
+                                        int line, const std::string& message);
 
 }  // namespace detail
 }  // namespace tutti

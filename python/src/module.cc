@@ -1,0 +1,11 @@
+// tutti._C: the compiled half of the `tutti` package.
+#include <pybind11/pybind11.h>
+
+#include "bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "tutti's compiled core (use the `tutti` package instead)";
+  tutti::py::bind_errors(m);
+  tutti::py::bind_core(m);
+  tutti::py::bind_comm(m);
+}

@@ -1,0 +1,64 @@
+"""tutti: distributed training runtime (data/tensor parallel, compression,
+AMP, spot-safe checkpoints) for numpy, PyTorch, CuPy and JAX tensors.
+
+    import tutti
+    tutti.init()                       # under mpirun, or alone (world of one)
+    g = tutti.world()
+    g.allreduce(x, op="avg")           # in place, zero-copy through DLPack
+    y = tutti.allreduce(x, op="sum")   # out of place, same framework as x
+
+Every collective is also available on any ProcessGroup (``g.split(...)``).
+Errors are ``tutti.Error`` subclasses carrying the rank, the operation and
+what was expected.
+"""
+import atexit as _atexit
+
+from . import _C
+from ._C import (  # noqa: F401  (re-exported API)
+    AbortedError,
+    CheckpointError,
+    CommError,
+    Error,
+    InvalidArgumentError,
+    MismatchError,
+    ProcessGroup,
+    ReduceOp,
+    TimeoutError,
+    UnsupportedError,
+    Work,
+    config_get,
+    config_reload,
+    config_settings,
+    cuda_built,
+    cuda_device_count,
+    dtype_names,
+    init,
+    initialized,
+    local_rank,
+    local_size,
+    log,
+    rank,
+    set_log_level,
+    shutdown,
+    size,
+    world,
+)
+from ._functional import (  # noqa: F401
+    allgather,
+    allreduce,
+    allreduce_,
+    alltoall,
+    barrier,
+    broadcast,
+    broadcast_,
+    reduce_scatter,
+)
+
+__version__ = _C.__version__
+
+SUM, AVG, MIN, MAX, PROD = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN,
+                            ReduceOp.MAX, ReduceOp.PROD)
+
+# Python's atexit runs before the interpreter tears down objects that may
+# hold process groups; tutti's own C++ atexit hook is the fallback.
+_atexit.register(_C.shutdown)
