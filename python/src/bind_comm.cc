@@ -113,10 +113,10 @@ void bind_comm(pyb::module_& m) {
       .def_property_readonly("description", [](PyWork& w) { return w.work->description(); })
       .def("__repr__", [](PyWork& w) { return "<tutti.Work " + w.work->description() + ">"; });
 
-  pyb::class_<ProcessGroup, std::shared_ptr<ProcessGroup>>(
+  pyb::class_<ProcessGroup, std::shared_ptr<ProcessGroup>> group(
       m, "ProcessGroup",
-      "A group of ranks; host tensors travel over MPI, CUDA tensors over NCCL.")
-      .def_property_readonly("rank", &ProcessGroup::rank)
+      "A group of ranks; host tensors travel over MPI, CUDA tensors over NCCL.");
+  group.def_property_readonly("rank", &ProcessGroup::rank)
       .def_property_readonly("size", &ProcessGroup::size)
       .def_property_readonly("name", &ProcessGroup::name)
       .def("world_rank", &ProcessGroup::world_rank, pyb::arg("group_rank"))
@@ -221,36 +221,6 @@ void bind_comm(pyb::module_& m) {
                            async_op, {});
            },
            pyb::arg("async_op") = false, pyb::arg("timeout") = 0.0)
-      .def("send",
-           [](ProcessGroup& g, pyb::handle tensor, int peer, int tag,
-              bool async_op, int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(tensor, "tensor", stream));
-             OpRequest r = request(CollectiveKind::kSend, ts[0].tensor, ts[0].tensor,
-                                   options("", stream, timeout));
-             r.root = peer;
-             r.tag = tag;
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
-           },
-           pyb::arg("tensor"), pyb::arg("peer"), pyb::arg("tag") = 0,
-           pyb::arg("async_op") = false, pyb::arg("stream") = 0,
-           pyb::arg("timeout") = 0.0)
-      .def("recv",
-           [](ProcessGroup& g, pyb::handle tensor, int peer, int tag,
-              bool async_op, int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(tensor, "tensor", stream));
-             OpRequest r = request(CollectiveKind::kRecv, ts[0].tensor, ts[0].tensor,
-                                   options("", stream, timeout));
-             r.root = peer;
-             r.tag = tag;
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
-           },
-           pyb::arg("tensor"), pyb::arg("peer"), pyb::arg("tag") = 0,
-           pyb::arg("async_op") = false, pyb::arg("stream") = 0,
-           pyb::arg("timeout") = 0.0)
       .def("split",
            [](ProcessGroup& g, int color, int key, std::string name) {
              pyb::gil_scoped_release nogil;
@@ -275,6 +245,26 @@ void bind_comm(pyb::module_& m) {
         return "<tutti.ProcessGroup '" + g.name() + "' rank " +
                std::to_string(g.rank()) + " of " + std::to_string(g.size()) + ">";
       });
+  // send / recv share their signature.
+  for (auto kind : {CollectiveKind::kSend, CollectiveKind::kRecv}) {
+    group.def(collective_kind_name(kind),
+              [kind](ProcessGroup& g, pyb::handle tensor, int peer, int tag,
+                     bool async_op, int64_t stream, double timeout) {
+                std::vector<PyTensor> ts;
+                ts.push_back(import_tensor(tensor, "tensor", stream));
+                OpRequest r = request(kind, ts[0].tensor, ts[0].tensor,
+                                      options("", stream, timeout));
+                r.root = peer;
+                r.tag = tag;
+                return finish([&](bool b) { return submit(g, std::move(r), b); },
+                              async_op, std::move(ts));
+              },
+              pyb::arg("tensor"), pyb::arg("peer"), pyb::arg("tag") = 0,
+              pyb::arg("async_op") = false, pyb::arg("stream") = 0,
+              pyb::arg("timeout") = 0.0,
+              kind == CollectiveKind::kSend ? "Send `tensor` to `peer`."
+                                            : "Receive exactly `tensor`'s size from `peer`.");
+  }
 
   m.def("init", [](const std::string& world_mode) {
     InitOptions o;
