@@ -13,11 +13,11 @@ namespace tutti {
 namespace kernels {
 
 // out[r, c] += bias[c]; out [rows, cols] (float32/float16/bfloat16).
-void launch_bias_add(void* out, const void* bias, DType dtype, int64_t rows, int64_t cols,
-                     cudaStream_t stream);
+void launch_bias_add(void* out, const void* bias, DType dtype, int64_t rows,
+                     int64_t cols, cudaStream_t stream);
 // db[c] += sum_r dy[r, c], summed in float32.
-void launch_bias_grad(const void* dy, void* db, DType dtype, int64_t rows, int64_t cols,
-                      cudaStream_t stream);
+void launch_bias_grad(const void* dy, void* db, DType dtype, int64_t rows,
+                      int64_t cols, cudaStream_t stream);
 // *out += sum_i x[i]^2 (float64 accumulation; out is device memory).
 void launch_sum_squares(const void* x, DType dtype, int64_t n, double* out,
                         cudaStream_t stream);

@@ -1,7 +1,8 @@
 // A two-dimensional process mesh: tensor parallel (TP) x data parallel (DP).
 //
 //   auto mesh = std::make_shared<tutti::ProcessMesh>(tutti::world(), 2);
-//   // world of 8: TP groups {0,1} {2,3} {4,5} {6,7}, DP groups {0,2,4,6} {1,3,5,7}
+//   // world of 8: TP groups {0,1} {2,3} {4,5} {6,7}, DP groups {0,2,4,6}
+//   {1,3,5,7}
 //
 // TP is the innermost dimension: the ranks of one TP group are consecutive
 // world ranks, so with the usual rank-per-GPU placement they share a node and

@@ -45,63 +45,72 @@ namespace tutti {
 // dimension, "first" the first (sequence) dimension.
 
 struct RegionOptions {
-  std::string name;      // names the tensor in error messages
+  std::string name;        // names the tensor in error messages
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
 };
 
 // copy_to_tp: forward identity, backward all-reduce (sum) of the gradient.
 TUTTI_API void copy_to_tp_forward(const ProcessMesh& mesh, const Tensor& input,
-                                  const Tensor& output, const RegionOptions& o = {});
-TUTTI_API void copy_to_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
-                                   const Tensor& grad_input, const RegionOptions& o = {});
+                                  const Tensor& output,
+                                  const RegionOptions& o = {});
+TUTTI_API void copy_to_tp_backward(const ProcessMesh& mesh,
+                                   const Tensor& grad_output,
+                                   const Tensor& grad_input,
+                                   const RegionOptions& o = {});
 // reduce_from_tp: forward all-reduce (sum), backward identity.
-TUTTI_API void reduce_from_tp_forward(const ProcessMesh& mesh, const Tensor& input,
-                                      const Tensor& output, const RegionOptions& o = {});
-TUTTI_API void reduce_from_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
-                                       const Tensor& grad_input, const RegionOptions& o = {});
+TUTTI_API void reduce_from_tp_forward(const ProcessMesh& mesh,
+                                      const Tensor& input, const Tensor& output,
+                                      const RegionOptions& o = {});
+TUTTI_API void reduce_from_tp_backward(const ProcessMesh& mesh,
+                                       const Tensor& grad_output,
+                                       const Tensor& grad_input,
+                                       const RegionOptions& o = {});
 // gather_from_tp: forward all-gather on the last dimension ([..., n/p] ->
 // [..., n], rank order), backward keeps this rank's slice of the gradient.
-TUTTI_API void gather_from_tp_forward(const ProcessMesh& mesh, const Tensor& input,
-                                      const Tensor& output, const RegionOptions& o = {});
-TUTTI_API void gather_from_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
-                                       const Tensor& grad_input, const RegionOptions& o = {});
+TUTTI_API void gather_from_tp_forward(const ProcessMesh& mesh,
+                                      const Tensor& input, const Tensor& output,
+                                      const RegionOptions& o = {});
+TUTTI_API void gather_from_tp_backward(const ProcessMesh& mesh,
+                                       const Tensor& grad_output,
+                                       const Tensor& grad_input,
+                                       const RegionOptions& o = {});
 // scatter_to_tp: forward keeps this rank's slice of the last dimension
 // ([..., n] -> [..., n/p]), backward all-gathers the gradient.
-TUTTI_API void scatter_to_tp_forward(const ProcessMesh& mesh, const Tensor& input,
-                                     const Tensor& output, const RegionOptions& o = {});
-TUTTI_API void scatter_to_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
-                                      const Tensor& grad_input, const RegionOptions& o = {});
+TUTTI_API void scatter_to_tp_forward(const ProcessMesh& mesh,
+                                     const Tensor& input, const Tensor& output,
+                                     const RegionOptions& o = {});
+TUTTI_API void scatter_to_tp_backward(const ProcessMesh& mesh,
+                                      const Tensor& grad_output,
+                                      const Tensor& grad_input,
+                                      const RegionOptions& o = {});
 // Sequence parallel, on the first dimension:
 // gather_from_sequence_parallel: forward all-gather ([s/p, ...] -> [s, ...]),
 // backward reduce-scatter (sum) of the gradient.
-TUTTI_API void gather_from_sequence_parallel_forward(const ProcessMesh& mesh, const Tensor& input,
-                                                     const Tensor& output,
-                                                     const RegionOptions& o = {});
-TUTTI_API void gather_from_sequence_parallel_backward(const ProcessMesh& mesh,
-                                                      const Tensor& grad_output,
-                                                      const Tensor& grad_input,
-                                                      const RegionOptions& o = {});
+TUTTI_API void gather_from_sequence_parallel_forward(
+    const ProcessMesh& mesh, const Tensor& input, const Tensor& output,
+    const RegionOptions& o = {});
+TUTTI_API void gather_from_sequence_parallel_backward(
+    const ProcessMesh& mesh, const Tensor& grad_output,
+    const Tensor& grad_input, const RegionOptions& o = {});
 // reduce_scatter_to_sequence_parallel: forward reduce-scatter (sum)
 // ([s, ...] -> [s/p, ...]), backward all-gather of the gradient.
-TUTTI_API void reduce_scatter_to_sequence_parallel_forward(const ProcessMesh& mesh,
-                                                           const Tensor& input,
-                                                           const Tensor& output,
-                                                           const RegionOptions& o = {});
-TUTTI_API void reduce_scatter_to_sequence_parallel_backward(const ProcessMesh& mesh,
-                                                            const Tensor& grad_output,
-                                                            const Tensor& grad_input,
-                                                            const RegionOptions& o = {});
+TUTTI_API void reduce_scatter_to_sequence_parallel_forward(
+    const ProcessMesh& mesh, const Tensor& input, const Tensor& output,
+    const RegionOptions& o = {});
+TUTTI_API void reduce_scatter_to_sequence_parallel_backward(
+    const ProcessMesh& mesh, const Tensor& grad_output,
+    const Tensor& grad_input, const RegionOptions& o = {});
 // scatter_to_sequence_parallel: forward keeps this rank's slice of the first
 // dimension, backward all-gathers the gradient.
-TUTTI_API void scatter_to_sequence_parallel_forward(const ProcessMesh& mesh, const Tensor& input,
-                                                    const Tensor& output,
-                                                    const RegionOptions& o = {});
-TUTTI_API void scatter_to_sequence_parallel_backward(const ProcessMesh& mesh,
-                                                     const Tensor& grad_output,
-                                                     const Tensor& grad_input,
-                                                     const RegionOptions& o = {});
+TUTTI_API void scatter_to_sequence_parallel_forward(
+    const ProcessMesh& mesh, const Tensor& input, const Tensor& output,
+    const RegionOptions& o = {});
+TUTTI_API void scatter_to_sequence_parallel_backward(
+    const ProcessMesh& mesh, const Tensor& grad_output,
+    const Tensor& grad_input, const RegionOptions& o = {});
 
-// ---- parameters ---------------------------------------------------------------
+// ---- parameters
+// ---------------------------------------------------------------
 
 // One parameter shard of a tensor-parallel layer, with its sharding facts.
 struct TPParameter {
@@ -127,7 +136,8 @@ TUTTI_API double tp_grad_norm_squared(const ProcessMesh& mesh,
                                       const std::vector<TPParameter>& params,
                                       void* stream = nullptr);
 
-// ---- linear layers -------------------------------------------------------------
+// ---- linear layers
+// -------------------------------------------------------------
 
 class LinearCore;
 
@@ -154,7 +164,8 @@ class TUTTI_API TensorParallelLinear : public Stateful {
   // Copies this rank's slices of host tensors full_weight [out, in] and
   // full_bias [out] (any floating dtype; converted to options.dtype).
   // full_bias may be Tensor() (the bias is then left as it is).
-  void load_from_full(const Tensor& full_weight, const Tensor& full_bias = Tensor());
+  void load_from_full(const Tensor& full_weight,
+                      const Tensor& full_bias = Tensor());
   // weight then bias, with their sharding facts (group "tp").
   std::vector<TPParameter> parameters() const;
   // The parameters as NamedTensors with their ShardInfo.
@@ -191,7 +202,8 @@ class TUTTI_API ColumnParallelLinear : public TensorParallelLinear {
  public:
   // No collectives.  Parameters start at zero: call init_from_seed() or
   // load_from_full().
-  ColumnParallelLinear(ProcessMeshPtr mesh, int64_t in_features, int64_t out_features,
+  ColumnParallelLinear(ProcessMeshPtr mesh, int64_t in_features,
+                       int64_t out_features,
                        const ColumnParallelLinearOptions& options = {});
 
   // input [..., in_features] (sequence parallel: [s/p, ..., in_features]);
@@ -200,7 +212,8 @@ class TUTTI_API ColumnParallelLinear : public TensorParallelLinear {
   void forward(const Tensor& input, const Tensor& output);
   // grad_output shaped like output, grad_input like input (or Tensor() to
   // skip it).  Accumulates weight_grad() and bias_grad().
-  void backward(const Tensor& input, const Tensor& grad_output, const Tensor& grad_input);
+  void backward(const Tensor& input, const Tensor& grad_output,
+                const Tensor& grad_input);
 
   int64_t out_features_per_rank() const;
   const ColumnParallelLinearOptions& options() const { return options_; }
@@ -230,7 +243,8 @@ struct RowParallelLinearOptions {
 
 class TUTTI_API RowParallelLinear : public TensorParallelLinear {
  public:
-  RowParallelLinear(ProcessMeshPtr mesh, int64_t in_features, int64_t out_features,
+  RowParallelLinear(ProcessMeshPtr mesh, int64_t in_features,
+                    int64_t out_features,
                     const RowParallelLinearOptions& options = {});
 
   // input [..., in_features / p] (input_is_parallel) or [..., in_features];
@@ -238,7 +252,8 @@ class TUTTI_API RowParallelLinear : public TensorParallelLinear {
   void forward(const Tensor& input, const Tensor& output);
   // The bias gradient is computed from the full output gradient, so it is
   // identical on every TP rank (the bias is replicated: tp_replicated()).
-  void backward(const Tensor& input, const Tensor& grad_output, const Tensor& grad_input);
+  void backward(const Tensor& input, const Tensor& grad_output,
+                const Tensor& grad_input);
 
   int64_t in_features_per_rank() const;
   const RowParallelLinearOptions& options() const { return options_; }
@@ -247,7 +262,8 @@ class TUTTI_API RowParallelLinear : public TensorParallelLinear {
   RowParallelLinearOptions options_;
 };
 
-// ---- vocabulary-parallel embedding and cross-entropy ---------------------------
+// ---- vocabulary-parallel embedding and cross-entropy
+// ---------------------------
 
 // An embedding table [vocab_size, embedding_dim] split by rows (vocabulary):
 // this rank holds rows [r*V/p, (r+1)*V/p).  Forward looks up the ids in its
@@ -265,7 +281,8 @@ struct VocabParallelEmbeddingOptions {
 
 class TUTTI_API VocabParallelEmbedding : public Stateful {
  public:
-  VocabParallelEmbedding(ProcessMeshPtr mesh, int64_t vocab_size, int64_t embedding_dim,
+  VocabParallelEmbedding(ProcessMeshPtr mesh, int64_t vocab_size,
+                         int64_t embedding_dim,
                          const VocabParallelEmbeddingOptions& options = {});
   ~VocabParallelEmbedding() override;
 
@@ -313,8 +330,9 @@ struct VocabParallelCrossEntropyOptions {
 
 class TUTTI_API VocabParallelCrossEntropy {
  public:
-  VocabParallelCrossEntropy(ProcessMeshPtr mesh, int64_t vocab_size,
-                            const VocabParallelCrossEntropyOptions& options = {});
+  VocabParallelCrossEntropy(
+      ProcessMeshPtr mesh, int64_t vocab_size,
+      const VocabParallelCrossEntropyOptions& options = {});
   ~VocabParallelCrossEntropy();
 
   // logits [..., V/p] (float32/float16/bfloat16), targets int32/int64 [...]
@@ -325,13 +343,13 @@ class TUTTI_API VocabParallelCrossEntropy {
   // maximum and sum of exponentials for backward.  A target outside
   // [0, vocab_size) that is not ignore_index raises Error(kInvalidArgument)
   // for host tensors and gives a NaN loss on CUDA.
-  void forward(const Tensor& logits, const Tensor& targets, const Tensor& losses,
-               const Tensor& mean_loss);
+  void forward(const Tensor& logits, const Tensor& targets,
+               const Tensor& losses, const Tensor& mean_loss);
   // Gradient of grad_scale * mean_loss with respect to this rank's logits,
   // written to grad_logits (shaped like logits; may alias logits).  Needs
   // the logits and targets of the preceding forward.  No communication.
-  void backward(const Tensor& logits, const Tensor& targets, const Tensor& grad_logits,
-                float grad_scale = 1.0f);
+  void backward(const Tensor& logits, const Tensor& targets,
+                const Tensor& grad_logits, float grad_scale = 1.0f);
 
   int64_t vocab_size() const;
   int64_t vocab_start() const;

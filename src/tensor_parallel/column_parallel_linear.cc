@@ -1,7 +1,7 @@
 // ColumnParallelLinear: W [out, in] split by output features.
 //
-//   forward   X  --copy_to_tp / SP all-gather-->  X W_r^T + b_r  --(gather_output)-->  Y
-//   backward  dW_r += dY_r^T X,  db_r += colsum(dY_r),
+//   forward   X  --copy_to_tp / SP all-gather-->  X W_r^T + b_r
+//   --(gather_output)-->  Y backward  dW_r += dY_r^T X,  db_r += colsum(dY_r),
 //             dX = sum over TP of dY_r W_r  (all-reduce, or SP reduce-scatter)
 #include "core/check.h"
 #include "core/gemm.h"
@@ -14,24 +14,34 @@ namespace tutti {
 namespace {
 
 // Scratch slots of this layer's workspace.
-enum Slot { kGatheredInput, kLocalOutput, kLocalGradOutput, kFullGradInput, kGatherBlocks };
+enum Slot {
+  kGatheredInput,
+  kLocalOutput,
+  kLocalGradOutput,
+  kFullGradInput,
+  kGatherBlocks
+};
 
-std::unique_ptr<LinearCore> make_core(ProcessMeshPtr mesh, int64_t in, int64_t out,
+std::unique_ptr<LinearCore> make_core(ProcessMeshPtr mesh, int64_t in,
+                                      int64_t out,
                                       const ColumnParallelLinearOptions& o) {
   const std::string label = tp::layer_label("ColumnParallelLinear", o.name);
-  TUTTI_ARG_CHECK(!(o.sequence_parallel && o.gather_output), label,
-                  ": sequence_parallel needs gather_output = false (the output stays split "
-                  "on the hidden dimension for a RowParallelLinear)");
-  return std::make_unique<LinearCore>(std::move(mesh), "ColumnParallelLinear", o.name, in, out,
-                                      /*weight_dim=*/0, o.bias, o.dtype, o.device, o.stream);
+  TUTTI_ARG_CHECK(
+      !(o.sequence_parallel && o.gather_output), label,
+      ": sequence_parallel needs gather_output = false (the output stays split "
+      "on the hidden dimension for a RowParallelLinear)");
+  return std::make_unique<LinearCore>(
+      std::move(mesh), "ColumnParallelLinear", o.name, in, out,
+      /*weight_dim=*/0, o.bias, o.dtype, o.device, o.stream);
 }
 
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(ProcessMeshPtr mesh, int64_t in_features,
-                                           int64_t out_features,
-                                           const ColumnParallelLinearOptions& options)
-    : TensorParallelLinear(make_core(std::move(mesh), in_features, out_features, options)),
+ColumnParallelLinear::ColumnParallelLinear(
+    ProcessMeshPtr mesh, int64_t in_features, int64_t out_features,
+    const ColumnParallelLinearOptions& options)
+    : TensorParallelLinear(
+          make_core(std::move(mesh), in_features, out_features, options)),
       options_(options) {}
 
 int64_t ColumnParallelLinear::out_features_per_rank() const {
@@ -50,8 +60,8 @@ struct Pass {
   Tensor x_in;
 };
 
-Pass make_pass(LinearCore& c, const ColumnParallelLinearOptions& o, const Tensor& input,
-               const char* name) {
+Pass make_pass(LinearCore& c, const ColumnParallelLinearOptions& o,
+               const Tensor& input, const char* name) {
   Pass s;
   const int p = c.m.tp_size;
   s.what = c.label + " " + name;
@@ -69,7 +79,8 @@ Pass make_pass(LinearCore& c, const ColumnParallelLinearOptions& o, const Tensor
 Tensor full_input(LinearCore& c, const Pass& s) {
   if (!s.sp) return s.x_in;
   Tensor x = c.ws.get(kGatheredInput, c.dtype, Shape{s.rows, c.in}, c.device);
-  tp::allgather_rows(c.m, s.x_in, x, s.what + ": sequence-parallel input", c.stream);
+  tp::allgather_rows(c.m, s.x_in, x, s.what + ": sequence-parallel input",
+                     c.stream);
   return x;
 }
 
@@ -78,43 +89,50 @@ Tensor full_input(LinearCore& c, const Pass& s) {
 void ColumnParallelLinear::forward(const Tensor& input, const Tensor& output) {
   LinearCore& c = *core_;
   const Pass s = make_pass(c, options_, input, "forward");
-  Tensor y = tp::view_2d(output, s.gather ? c.out : s.out_local, s.rows, c.dtype, c.device,
-                         s.what, "output");
+  Tensor y = tp::view_2d(output, s.gather ? c.out : s.out_local, s.rows,
+                         c.dtype, c.device, s.what, "output");
   Tensor x = full_input(c, s);
-  Tensor y_local =
-      s.gather ? c.ws.get(kLocalOutput, c.dtype, Shape{s.rows, s.out_local}, c.device) : y;
+  Tensor y_local = s.gather ? c.ws.get(kLocalOutput, c.dtype,
+                                       Shape{s.rows, s.out_local}, c.device)
+                            : y;
   blas::gemm(x, false, c.weight.value(), true, y_local, 1.0f, 0.0f, c.stream);
   if (c.bias) tp::bias_add(y_local, c.bias->value(), c.stream);
   if (s.gather)
-    tp::allgather_cols(c.m, c.ws, kGatherBlocks, y_local, y, s.what + ": output", c.stream);
+    tp::allgather_cols(c.m, c.ws, kGatherBlocks, y_local, y,
+                       s.what + ": output", c.stream);
 }
 
-void ColumnParallelLinear::backward(const Tensor& input, const Tensor& grad_output,
+void ColumnParallelLinear::backward(const Tensor& input,
+                                    const Tensor& grad_output,
                                     const Tensor& grad_input) {
   LinearCore& c = *core_;
   const Pass s = make_pass(c, options_, input, "backward");
-  Tensor dy = tp::view_2d(grad_output, s.gather ? c.out : s.out_local, s.rows, c.dtype, c.device,
-                          s.what, "grad_output");
+  Tensor dy = tp::view_2d(grad_output, s.gather ? c.out : s.out_local, s.rows,
+                          c.dtype, c.device, s.what, "grad_output");
   const bool want_dx = !tp::is_absent(grad_input);
-  Tensor dx = want_dx ? tp::view_2d(grad_input, c.in, s.x_in.shape()[0], c.dtype, c.device,
-                                    s.what, "grad_input")
+  Tensor dx = want_dx ? tp::view_2d(grad_input, c.in, s.x_in.shape()[0],
+                                    c.dtype, c.device, s.what, "grad_input")
                       : Tensor();
   Tensor x = full_input(c, s);
   Tensor dy_local = dy;
   if (s.gather) {
-    dy_local = c.ws.get(kLocalGradOutput, c.dtype, Shape{s.rows, s.out_local}, c.device);
+    dy_local = c.ws.get(kLocalGradOutput, c.dtype, Shape{s.rows, s.out_local},
+                        c.device);
     tp::slice_cols(dy, dy_local, c.m.tp_rank, c.stream);
   }
   blas::gemm(dy_local, true, x, false, c.weight.grad(), 1.0f, 1.0f, c.stream);
   if (c.bias) tp::bias_grad(dy_local, c.bias->grad(), c.stream);
   if (!want_dx) return;
   if (s.sp) {
-    Tensor full = c.ws.get(kFullGradInput, c.dtype, Shape{s.rows, c.in}, c.device);
-    blas::gemm(dy_local, false, c.weight.value(), false, full, 1.0f, 0.0f, c.stream);
+    Tensor full =
+        c.ws.get(kFullGradInput, c.dtype, Shape{s.rows, c.in}, c.device);
+    blas::gemm(dy_local, false, c.weight.value(), false, full, 1.0f, 0.0f,
+               c.stream);
     tp::reduce_scatter_rows(c.m, full, dx, s.what + ": input grad", c.stream);
     return;
   }
-  blas::gemm(dy_local, false, c.weight.value(), false, dx, 1.0f, 0.0f, c.stream);
+  blas::gemm(dy_local, false, c.weight.value(), false, dx, 1.0f, 0.0f,
+             c.stream);
   tp::allreduce(c.m, dx, ReduceOp::kSum, s.what + ": input grad", c.stream);
 }
 

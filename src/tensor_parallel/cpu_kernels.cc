@@ -25,9 +25,15 @@ T st(float v) {
 template <typename F>
 void dispatch_float(DType dtype, const char* what, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: f(float{}); return;
-    case DType::kFloat16: f(Half{}); return;
-    case DType::kBFloat16: f(BFloat16{}); return;
+    case DType::kFloat32:
+      f(float{});
+      return;
+    case DType::kFloat16:
+      f(Half{});
+      return;
+    case DType::kBFloat16:
+      f(BFloat16{});
+      return;
     default:
       TUTTI_THROW(kUnsupported, what, " on ", dtype_name(dtype),
                   " (float32, float16 or bfloat16)");
@@ -47,7 +53,8 @@ void check_index_dtype(DType d, const char* what) {
 
 }  // namespace
 
-void bias_add(void* out, const void* bias, DType dtype, int64_t rows, int64_t cols) {
+void bias_add(void* out, const void* bias, DType dtype, int64_t rows,
+              int64_t cols) {
   dispatch_float(dtype, "bias_add", [&](auto tag) {
     using T = decltype(tag);
     T* o = static_cast<T*>(out);
@@ -58,7 +65,8 @@ void bias_add(void* out, const void* bias, DType dtype, int64_t rows, int64_t co
   });
 }
 
-void bias_grad(const void* dy, void* db, DType dtype, int64_t rows, int64_t cols) {
+void bias_grad(const void* dy, void* db, DType dtype, int64_t rows,
+               int64_t cols) {
   dispatch_float(dtype, "bias_grad", [&](auto tag) {
     using T = decltype(tag);
     const T* g = static_cast<const T*>(dy);
@@ -84,9 +92,9 @@ double sum_squares(const void* x, DType dtype, int64_t n) {
   return s;
 }
 
-void embedding_lookup(const void* ids, DType index_dtype, const void* weight, DType dtype,
-                      int64_t n, int64_t dim, int64_t vocab_start, int64_t vocab_local,
-                      void* out) {
+void embedding_lookup(const void* ids, DType index_dtype, const void* weight,
+                      DType dtype, int64_t n, int64_t dim, int64_t vocab_start,
+                      int64_t vocab_local, void* out) {
   check_index_dtype(index_dtype, "embedding_lookup");
   dispatch_float(dtype, "embedding_lookup", [&](auto tag) {
     using T = decltype(tag);
@@ -101,9 +109,9 @@ void embedding_lookup(const void* ids, DType index_dtype, const void* weight, DT
   });
 }
 
-void embedding_grad(const void* ids, DType index_dtype, const void* dy, DType dtype,
-                    int64_t n, int64_t dim, int64_t vocab_start, int64_t vocab_local,
-                    void* dweight) {
+void embedding_grad(const void* ids, DType index_dtype, const void* dy,
+                    DType dtype, int64_t n, int64_t dim, int64_t vocab_start,
+                    int64_t vocab_local, void* dweight) {
   check_index_dtype(index_dtype, "embedding_grad");
   dispatch_float(dtype, "embedding_grad", [&](auto tag) {
     using T = decltype(tag);
@@ -118,21 +126,24 @@ void embedding_grad(const void* ids, DType index_dtype, const void* dy, DType dt
   });
 }
 
-void ce_local_max(const void* logits, DType dtype, int64_t n, int64_t v_local, float* max) {
+void ce_local_max(const void* logits, DType dtype, int64_t n, int64_t v_local,
+                  float* max) {
   dispatch_float(dtype, "ce_local_max", [&](auto tag) {
     using T = decltype(tag);
     const T* l = static_cast<const T*>(logits);
     for (int64_t i = 0; i < n; ++i) {
       float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < v_local; ++j) m = std::max(m, ld(l[i * v_local + j]));
+      for (int64_t j = 0; j < v_local; ++j)
+        m = std::max(m, ld(l[i * v_local + j]));
       max[i] = m;
     }
   });
 }
 
-void ce_local_sums(const void* logits, DType dtype, const void* targets, DType index_dtype,
-                   int64_t n, int64_t v_local, int64_t v_start, int64_t ignore_index,
-                   const float* max, float* stats) {
+void ce_local_sums(const void* logits, DType dtype, const void* targets,
+                   DType index_dtype, int64_t n, int64_t v_local,
+                   int64_t v_start, int64_t ignore_index, const float* max,
+                   float* stats) {
   check_index_dtype(index_dtype, "ce_local_sums");
   dispatch_float(dtype, "ce_local_sums", [&](auto tag) {
     using T = decltype(tag);
@@ -151,8 +162,9 @@ void ce_local_sums(const void* logits, DType dtype, const void* targets, DType i
   });
 }
 
-void ce_finalize(const float* stats, const void* targets, DType index_dtype, int64_t n,
-                 int64_t vocab, int64_t ignore_index, float* losses, float* mean_count) {
+void ce_finalize(const float* stats, const void* targets, DType index_dtype,
+                 int64_t n, int64_t vocab, int64_t ignore_index, float* losses,
+                 float* mean_count) {
   check_index_dtype(index_dtype, "ce_finalize");
   double sum = 0;
   int64_t count = 0;
@@ -171,10 +183,10 @@ void ce_finalize(const float* stats, const void* targets, DType index_dtype, int
   mean_count[1] = static_cast<float>(count);
 }
 
-void ce_backward(const void* logits, DType dtype, const void* targets, DType index_dtype,
-                 int64_t n, int64_t v_local, int64_t v_start, int64_t ignore_index,
-                 const float* max, const float* stats, const float* mean_count,
-                 float grad_scale, void* grad) {
+void ce_backward(const void* logits, DType dtype, const void* targets,
+                 DType index_dtype, int64_t n, int64_t v_local, int64_t v_start,
+                 int64_t ignore_index, const float* max, const float* stats,
+                 const float* mean_count, float grad_scale, void* grad) {
   check_index_dtype(index_dtype, "ce_backward");
   const float scale = mean_count[1] > 0 ? grad_scale / mean_count[1] : 0.0f;
   dispatch_float(dtype, "ce_backward", [&](auto tag) {

@@ -14,13 +14,16 @@
 
 namespace tutti {
 
-double tp_grad_norm_squared(const ProcessMesh& mesh, const std::vector<TPParameter>& params,
+double tp_grad_norm_squared(const ProcessMesh& mesh,
+                            const std::vector<TPParameter>& params,
                             void* stream) {
   double sharded = 0, replicated = 0;
   for (const TPParameter& p : params) {
-    TUTTI_ARG_CHECK(p.grad.numel() == p.value.numel(), "tp_grad_norm_squared: '", p.name,
-                    "' has gradient ", p.grad.str(), " for value ", p.value.str());
-    (p.tp_replicated() ? replicated : sharded) += tp::sum_squares(p.grad, stream);
+    TUTTI_ARG_CHECK(p.grad.numel() == p.value.numel(),
+                    "tp_grad_norm_squared: '", p.name, "' has gradient ",
+                    p.grad.str(), " for value ", p.value.str());
+    (p.tp_replicated() ? replicated : sharded) +=
+        tp::sum_squares(p.grad, stream);
   }
   tp::allreduce(*mesh.impl(), Tensor::of(&sharded, 1), ReduceOp::kSum,
                 "tp_grad_norm_squared: sharded gradients", nullptr);

@@ -18,8 +18,9 @@ class LinearCore {
   // column parallel, 1: row parallel); the bias is split with it when
   // weight_dim is 0 and replicated otherwise.  Checks that tp_size divides
   // the split size.
-  LinearCore(ProcessMeshPtr mesh, const char* kind, const std::string& name, int64_t in,
-             int64_t out, int weight_dim, bool bias, DType dtype, Device device, void* stream);
+  LinearCore(ProcessMeshPtr mesh, const char* kind, const std::string& name,
+             int64_t in, int64_t out, int weight_dim, bool bias, DType dtype,
+             Device device, void* stream);
 
   ProcessMeshPtr mesh;
   MeshImpl& m;

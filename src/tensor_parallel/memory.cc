@@ -27,7 +27,8 @@ Tensor OwnedTensor::reshape(DType dtype, Shape shape, Device device) {
   void* data = nullptr;
   if (device.is_cuda()) {
 #if TUTTI_WITH_CUDA
-    if (device_buffer_.bytes() < bytes || device_buffer_.device() != device.index)
+    if (device_buffer_.bytes() < bytes ||
+        device_buffer_.device() != device.index)
       device_buffer_ = cuda::DeviceBuffer(device.index, bytes);
     data = device_buffer_.data();
 #else
@@ -52,7 +53,8 @@ void fill_zero(const Tensor& t, void* stream) {
   if (t.is_cuda()) {
 #if TUTTI_WITH_CUDA
     cuda::DeviceGuard g(t.device().index);
-    TUTTI_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), as_stream(stream)));
+    TUTTI_CUDA_CHECK(
+        cudaMemsetAsync(t.data(), 0, t.nbytes(), as_stream(stream)));
     return;
 #else
     no_cuda("fill_zero", t.device());
@@ -66,7 +68,8 @@ void copy_from_host(const Tensor& dst, const void* src) {
   if (dst.is_cuda()) {
 #if TUTTI_WITH_CUDA
     cuda::DeviceGuard g(dst.device().index);
-    TUTTI_CUDA_CHECK(cudaMemcpy(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice));
+    TUTTI_CUDA_CHECK(
+        cudaMemcpy(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice));
     return;
 #else
     no_cuda("a host-to-device copy", dst.device());
@@ -80,7 +83,8 @@ void copy_to_host(void* dst, const Tensor& src) {
   if (src.is_cuda()) {
 #if TUTTI_WITH_CUDA
     cuda::DeviceGuard g(src.device().index);
-    TUTTI_CUDA_CHECK(cudaMemcpy(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost));
+    TUTTI_CUDA_CHECK(
+        cudaMemcpy(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost));
     return;
 #else
     no_cuda("a device-to-host copy", src.device());
@@ -90,7 +94,8 @@ void copy_to_host(void* dst, const Tensor& src) {
 }
 
 void copy_tensor(const Tensor& dst, const Tensor& src, void* stream) {
-  TUTTI_CHECK_EQ(dst.nbytes(), src.nbytes(), "copy ", src.str(), " -> ", dst.str());
+  TUTTI_CHECK_EQ(dst.nbytes(), src.nbytes(), "copy ", src.str(), " -> ",
+                 dst.str());
   if (dst.data() == src.data() || dst.numel() == 0) return;
   copy_2d(dst.data(), dst.nbytes(), src.data(), src.nbytes(), src.nbytes(), 1,
           dst.device(), stream);

@@ -8,8 +8,8 @@
 
 #include <vector>
 
-#include "core/host_buffer.h"
 #include "core/cuda_utils.h"
+#include "core/host_buffer.h"
 #include "tutti/tensor.h"
 
 namespace tutti {

@@ -11,10 +11,17 @@ namespace tutti {
 void MeshImpl::count(CollectiveKind kind, uint64_t bytes) {
   int calls = -1;
   switch (kind) {
-    case CollectiveKind::kAllreduce: calls = kArCalls; break;
-    case CollectiveKind::kAllgather: calls = kAgCalls; break;
-    case CollectiveKind::kReduceScatter: calls = kRsCalls; break;
-    default: TUTTI_CHECK(false, "uncounted collective ", collective_kind_name(kind));
+    case CollectiveKind::kAllreduce:
+      calls = kArCalls;
+      break;
+    case CollectiveKind::kAllgather:
+      calls = kAgCalls;
+      break;
+    case CollectiveKind::kReduceScatter:
+      calls = kRsCalls;
+      break;
+    default:
+      TUTTI_CHECK(false, "uncounted collective ", collective_kind_name(kind));
   }
   counters_[calls].fetch_add(1, std::memory_order_relaxed);
   counters_[calls + 1].fetch_add(bytes, std::memory_order_relaxed);
@@ -37,7 +44,8 @@ void MeshImpl::reset_stats() {
 
 ProcessMesh::ProcessMesh(ProcessGroupPtr world, int tp_size)
     : impl_(std::make_unique<MeshImpl>()) {
-  TUTTI_ARG_CHECK(world != nullptr, "ProcessMesh needs a world group (got null)");
+  TUTTI_ARG_CHECK(world != nullptr,
+                  "ProcessMesh needs a world group (got null)");
   const int size = world->size();
   const int rank = world->rank();
   // Agree on tp_size before validating it, so that a rank with a different
@@ -50,10 +58,12 @@ ProcessMesh::ProcessMesh(ProcessGroupPtr world, int tp_size)
     TUTTI_THROW(kMismatch, "ProcessMesh over group '", world->name(),
                 "': ranks passed different tp_size values (between ", lo,
                 " and ", hi, "; this rank passed ", tp_size, ")");
-  TUTTI_ARG_CHECK(tp_size >= 1 && size % tp_size == 0, "ProcessMesh over group '",
-                  world->name(), "' of ", size, " ranks: tp_size ", tp_size,
+  TUTTI_ARG_CHECK(tp_size >= 1 && size % tp_size == 0,
+                  "ProcessMesh over group '", world->name(), "' of ", size,
+                  " ranks: tp_size ", tp_size,
                   " must be positive and divide the group size (valid: the "
-                  "divisors of ", size, ")");
+                  "divisors of ",
+                  size, ")");
   MeshImpl& m = *impl_;
   m.world = world;
   m.tp_size = tp_size;
@@ -63,8 +73,9 @@ ProcessMesh::ProcessMesh(ProcessGroupPtr world, int tp_size)
   // TP innermost: consecutive ranks form a TP group.
   m.tp = world->split_group(m.dp_rank, m.tp_rank, "tp");
   m.dp = world->split_group(m.tp_rank, m.dp_rank, "dp");
-  TUTTI_CHECK(m.tp && m.dp && m.tp->size() == tp_size && m.dp->size() == m.dp_size &&
-                  m.tp->rank() == m.tp_rank && m.dp->rank() == m.dp_rank,
+  TUTTI_CHECK(m.tp && m.dp && m.tp->size() == tp_size &&
+                  m.dp->size() == m.dp_size && m.tp->rank() == m.tp_rank &&
+                  m.dp->rank() == m.dp_rank,
               "mesh split produced unexpected groups");
   // A node is named by the world rank of its first process; a TP group is
   // within one node when all its members name the same node.
@@ -77,10 +88,11 @@ ProcessMesh::ProcessMesh(ProcessGroupPtr world, int tp_size)
                    OpOptions{"ProcessMesh node agreement"});
   m.tp_within_node = within == 1;
   if (!m.tp_within_node && rank == 0)
-    TUTTI_LOG(kWarn) << "ProcessMesh " << str()
-                     << ": a TP group spans more than one node, so every "
-                        "tensor-parallel layer communicates across the network; "
-                        "place tp_size ranks per node (or a multiple)";
+    TUTTI_LOG(kWarn)
+        << "ProcessMesh " << str()
+        << ": a TP group spans more than one node, so every "
+           "tensor-parallel layer communicates across the network; "
+           "place tp_size ranks per node (or a multiple)";
 }
 
 ProcessMesh::~ProcessMesh() = default;

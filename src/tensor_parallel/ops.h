@@ -20,8 +20,8 @@ double sum_squares(const Tensor& x, void* stream);
 
 // out2d [n, dim] = rows of weight [vocab_local, dim] for ids [n] in
 // [vocab_start, vocab_start + vocab_local), zeros for other ids.
-void embedding_lookup(const Tensor& ids, const Tensor& weight, int64_t vocab_start,
-                      const Tensor& out2d, void* stream);
+void embedding_lookup(const Tensor& ids, const Tensor& weight,
+                      int64_t vocab_start, const Tensor& out2d, void* stream);
 // dweight [vocab_local, dim] rows += dy2d [n, dim] rows of the ids held.
 void embedding_grad(const Tensor& ids, const Tensor& dy2d, int64_t vocab_start,
                     const Tensor& dweight, void* stream);
@@ -30,15 +30,16 @@ void embedding_grad(const Tensor& ids, const Tensor& dy2d, int64_t vocab_start,
 // [n], max [n], stats [2n], losses [n], mean_count [2], all float32 except
 // logits (and grad) and targets.
 void ce_local_max(const Tensor& logits2d, const Tensor& max, void* stream);
-void ce_local_sums(const Tensor& logits2d, const Tensor& targets, int64_t v_start,
-                   int64_t ignore_index, const Tensor& max, const Tensor& stats, void* stream);
+void ce_local_sums(const Tensor& logits2d, const Tensor& targets,
+                   int64_t v_start, int64_t ignore_index, const Tensor& max,
+                   const Tensor& stats, void* stream);
 void ce_finalize(const Tensor& stats, const Tensor& targets, int64_t vocab,
-                 int64_t ignore_index, const Tensor& losses, const Tensor& mean_count,
-                 void* stream);
+                 int64_t ignore_index, const Tensor& losses,
+                 const Tensor& mean_count, void* stream);
 void ce_backward(const Tensor& logits2d, const Tensor& targets, int64_t v_start,
                  int64_t ignore_index, const Tensor& max, const Tensor& stats,
-                 const Tensor& mean_count, float grad_scale, const Tensor& grad2d,
-                 void* stream);
+                 const Tensor& mean_count, float grad_scale,
+                 const Tensor& grad2d, void* stream);
 
 }  // namespace tp
 }  // namespace tutti

@@ -22,17 +22,18 @@ float seeded_uniform(uint64_t seed, uint64_t salt, int64_t index) {
   return static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
 }
 
-Parameter::Parameter(std::string name, std::vector<int64_t> global_shape, int dim, int part,
-                     int parts, DType dtype, Device device)
+Parameter::Parameter(std::string name, std::vector<int64_t> global_shape,
+                     int dim, int part, int parts, DType dtype, Device device)
     : name_(std::move(name)) {
   TUTTI_CHECK(dim < static_cast<int>(global_shape.size()), name_, " dim ", dim);
   std::vector<int64_t> local = global_shape;
   if (dim >= 0) {
-    TUTTI_CHECK(global_shape[dim] % parts == 0, name_, " extent ", global_shape[dim],
-                " parts ", parts);
+    TUTTI_CHECK(global_shape[dim] % parts == 0, name_, " extent ",
+                global_shape[dim], " parts ", parts);
     local[dim] = global_shape[dim] / parts;
     local_dim_ = local[dim];
-    for (size_t i = dim + 1; i < global_shape.size(); ++i) inner_ *= global_shape[i];
+    for (size_t i = dim + 1; i < global_shape.size(); ++i)
+      inner_ *= global_shape[i];
     shard_.offset = part * local_dim_;
   }
   shard_.global_shape = global_shape;
@@ -59,7 +60,8 @@ void Parameter::init_uniform(uint64_t seed, uint64_t salt, double bound) {
   const int64_t n = value().numel();
   std::vector<float> v(n);
   for (int64_t l = 0; l < n; ++l)
-    v[l] = static_cast<float>(bound * (2.0 * seeded_uniform(seed, salt, global_index(l)) - 1.0));
+    v[l] = static_cast<float>(
+        bound * (2.0 * seeded_uniform(seed, salt, global_index(l)) - 1.0));
   std::vector<unsigned char> bytes(value().nbytes());
   convert(v.data(), DType::kFloat32, bytes.data(), value().dtype(), n);
   copy_from_host(value(), bytes.data());
@@ -68,10 +70,11 @@ void Parameter::init_uniform(uint64_t seed, uint64_t salt, double bound) {
 void Parameter::load_full(const Tensor& full, const std::string& owner) {
   TUTTI_ARG_CHECK(!full.is_cuda(), owner, " load_from_full: '", name_,
                   "' must be a host tensor, got ", full.str());
-  TUTTI_ARG_CHECK(dtype_is_floating(full.dtype()), owner, " load_from_full: '", name_,
-                  "' must be a floating tensor, got ", full.str());
-  TUTTI_ARG_CHECK(full.shape() == Shape(shard_.global_shape), owner, " load_from_full: '",
-                  name_, "' is ", full.str(), ", expected the global shape ",
+  TUTTI_ARG_CHECK(dtype_is_floating(full.dtype()), owner, " load_from_full: '",
+                  name_, "' must be a floating tensor, got ", full.str());
+  TUTTI_ARG_CHECK(full.shape() == Shape(shard_.global_shape), owner,
+                  " load_from_full: '", name_, "' is ", full.str(),
+                  ", expected the global shape ",
                   Shape(shard_.global_shape).str());
   const int64_t n = value().numel();
   const size_t es = full.element_size();

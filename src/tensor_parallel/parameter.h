@@ -24,8 +24,8 @@ class Parameter {
   // The global tensor `global_shape` split into `parts` equal slices along
   // `dim` (this rank holds slice `part`); dim -1: replicated over the TP
   // group.  The caller has checked divisibility.  Value and grad start at 0.
-  Parameter(std::string name, std::vector<int64_t> global_shape, int dim, int part, int parts,
-            DType dtype, Device device);
+  Parameter(std::string name, std::vector<int64_t> global_shape, int dim,
+            int part, int parts, DType dtype, Device device);
 
   const std::string& name() const { return name_; }
   const Tensor& value() const { return value_.tensor(); }
@@ -51,7 +51,7 @@ class Parameter {
   ShardInfo shard_;
   OwnedTensor value_;
   OwnedTensor grad_;
-  int64_t inner_ = 1;     // elements after `dim` in one slice row
+  int64_t inner_ = 1;      // elements after `dim` in one slice row
   int64_t local_dim_ = 1;  // extent of `dim` in this shard
 };
 

@@ -12,7 +12,8 @@ namespace tptest {
 std::vector<ProcessMeshPtr> all_meshes() {
   std::vector<ProcessMeshPtr> meshes;
   for (int tp : {1, 2, 3, 4})
-    if (world()->size() % tp == 0) meshes.push_back(std::make_shared<ProcessMesh>(world(), tp));
+    if (world()->size() % tp == 0)
+      meshes.push_back(std::make_shared<ProcessMesh>(world(), tp));
   return meshes;
 }
 
@@ -24,8 +25,9 @@ std::vector<float> random_floats(uint64_t seed, int64_t n, float lo, float hi) {
   return v;
 }
 
-Dense gemm(const std::vector<float>& a, bool ta, const std::vector<float>& b, bool tb,
-           int64_t m, int64_t n, int64_t k, const std::vector<float>* bias) {
+Dense gemm(const std::vector<float>& a, bool ta, const std::vector<float>& b,
+           bool tb, int64_t m, int64_t n, int64_t k,
+           const std::vector<float>* bias) {
   Dense d;
   d.value.assign(m * n, 0.0);
   d.magnitude.assign(m * n, 0.0);
@@ -62,7 +64,8 @@ Dense column_sums(const std::vector<float>& x, int64_t rows, int64_t cols) {
   return d;
 }
 
-Dense cols_of(const Dense& d, int64_t rows, int64_t cols, int64_t c0, int64_t c1) {
+Dense cols_of(const Dense& d, int64_t rows, int64_t cols, int64_t c0,
+              int64_t c1) {
   Dense o;
   o.terms = d.terms;
   for (int64_t r = 0; r < rows; ++r)
@@ -77,19 +80,21 @@ Dense rows_of(const Dense& d, int64_t cols, int64_t r0, int64_t r1) {
   Dense o;
   o.terms = d.terms;
   o.value.assign(d.value.begin() + r0 * cols, d.value.begin() + r1 * cols);
-  o.magnitude.assign(d.magnitude.begin() + r0 * cols, d.magnitude.begin() + r1 * cols);
+  o.magnitude.assign(d.magnitude.begin() + r0 * cols,
+                     d.magnitude.begin() + r1 * cols);
   return o;
 }
 
-std::vector<float> cols_of(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t c0,
-                           int64_t c1) {
+std::vector<float> cols_of(const std::vector<float>& x, int64_t rows,
+                           int64_t cols, int64_t c0, int64_t c1) {
   std::vector<float> o;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = c0; c < c1; ++c) o.push_back(x[r * cols + c]);
   return o;
 }
 
-std::vector<float> rows_of(const std::vector<float>& x, int64_t cols, int64_t r0, int64_t r1) {
+std::vector<float> rows_of(const std::vector<float>& x, int64_t cols,
+                           int64_t r0, int64_t r1) {
   return std::vector<float>(x.begin() + r0 * cols, x.begin() + r1 * cols);
 }
 
@@ -101,35 +106,40 @@ Dense scaled(const Dense& d, double f) {
   return o;
 }
 
-::testing::AssertionResult near_dense(const std::vector<float>& actual, const Dense& expected,
+::testing::AssertionResult near_dense(const std::vector<float>& actual,
+                                      const Dense& expected,
                                       int64_t extra_terms) {
   if (actual.size() != expected.value.size())
-    return ::testing::AssertionFailure() << "size " << actual.size() << " vs expected "
-                                         << expected.value.size();
+    return ::testing::AssertionFailure()
+           << "size " << actual.size() << " vs expected "
+           << expected.value.size();
   const double u = std::ldexp(1.0, -24);
   for (size_t i = 0; i < actual.size(); ++i) {
-    const double tol = (expected.terms + extra_terms) * u * expected.magnitude[i] + 1e-30;
+    const double tol =
+        (expected.terms + extra_terms) * u * expected.magnitude[i] + 1e-30;
     const double err = std::fabs(actual[i] - expected.value[i]);
     if (!(err <= tol))
       return ::testing::AssertionFailure()
-             << "element " << i << " is " << actual[i] << ", expected " << expected.value[i]
-             << " (error " << err << " > bound " << tol << " from " << expected.terms
-             << " terms of magnitude " << expected.magnitude[i] << ")";
+             << "element " << i << " is " << actual[i] << ", expected "
+             << expected.value[i] << " (error " << err << " > bound " << tol
+             << " from " << expected.terms << " terms of magnitude "
+             << expected.magnitude[i] << ")";
   }
   return ::testing::AssertionSuccess();
 }
 
 ::testing::AssertionResult near(const std::vector<float>& actual,
-                                const std::vector<double>& expected, double tol) {
+                                const std::vector<double>& expected,
+                                double tol) {
   if (actual.size() != expected.size())
-    return ::testing::AssertionFailure() << "size " << actual.size() << " vs expected "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << "size " << actual.size() << " vs expected " << expected.size();
   for (size_t i = 0; i < actual.size(); ++i) {
     const double err = std::fabs(actual[i] - expected[i]);
     if (!(err <= tol * std::max(1.0, std::fabs(expected[i]))))
-      return ::testing::AssertionFailure() << "element " << i << " is " << actual[i]
-                                           << ", expected " << expected[i] << " (tolerance "
-                                           << tol << ")";
+      return ::testing::AssertionFailure()
+             << "element " << i << " is " << actual[i] << ", expected "
+             << expected[i] << " (tolerance " << tol << ")";
   }
   return ::testing::AssertionSuccess();
 }
@@ -141,7 +151,8 @@ std::vector<float> read(const Tensor& t) {
 #if TUTTI_WITH_CUDA
   if (t.is_cuda()) {
     TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
-    TUTTI_CUDA_CHECK(cudaMemcpy(v.data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost));
+    TUTTI_CUDA_CHECK(
+        cudaMemcpy(v.data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost));
     return v;
   }
 #endif
@@ -171,8 +182,10 @@ std::vector<float> assemble(const ProcessMesh& mesh, const NamedTensor& nt) {
   std::vector<float> global(global_numel, std::nanf(""));
   for (int r = 0; r < p; ++r)
     for (size_t l = 0; l < local.size(); ++l) {
-      const int64_t outer = l / (local_dim * inner), d = (l / inner) % local_dim, in = l % inner;
-      global[(outer * global_dim + offsets[r] + d) * inner + in] = all[r * local.size() + l];
+      const int64_t outer = l / (local_dim * inner),
+                    d = (l / inner) % local_dim, in = l % inner;
+      global[(outer * global_dim + offsets[r] + d) * inner + in] =
+          all[r * local.size() + l];
     }
   return global;
 }
@@ -186,11 +199,13 @@ void load_region(const std::vector<float>& global, const NamedTensor& nt) {
     return;
   }
   int64_t inner = 1;
-  for (size_t i = s.dim + 1; i < s.global_shape.size(); ++i) inner *= s.global_shape[i];
+  for (size_t i = s.dim + 1; i < s.global_shape.size(); ++i)
+    inner *= s.global_shape[i];
   const int64_t local_dim = nt.tensor.shape()[s.dim];
   const int64_t global_dim = s.global_shape[s.dim];
   for (int64_t l = 0; l < n; ++l) {
-    const int64_t outer = l / (local_dim * inner), d = (l / inner) % local_dim, in = l % inner;
+    const int64_t outer = l / (local_dim * inner), d = (l / inner) % local_dim,
+                  in = l % inner;
     dst[l] = global[(outer * global_dim + s.offset + d) * inner + in];
   }
 }

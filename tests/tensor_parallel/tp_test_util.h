@@ -24,7 +24,8 @@ namespace tptest {
 std::vector<ProcessMeshPtr> all_meshes();
 
 // n floats uniform in [lo, hi), the same on every rank for the same seed.
-std::vector<float> random_floats(uint64_t seed, int64_t n, float lo = -1.0f, float hi = 1.0f);
+std::vector<float> random_floats(uint64_t seed, int64_t n, float lo = -1.0f,
+                                 float hi = 1.0f);
 
 // A float64 result with, per element, the sum of the absolute values of the
 // terms that produced it: a float32 computation of an n-term sum in any
@@ -38,27 +39,32 @@ struct Dense {
 
 // C [m, n] = op(A) op(B) (+ bias[n]), row-major; A is [m, k] or (ta) [k, m],
 // B is [k, n] or (tb) [n, k].
-Dense gemm(const std::vector<float>& a, bool ta, const std::vector<float>& b, bool tb,
-           int64_t m, int64_t n, int64_t k, const std::vector<float>* bias = nullptr);
+Dense gemm(const std::vector<float>& a, bool ta, const std::vector<float>& b,
+           bool tb, int64_t m, int64_t n, int64_t k,
+           const std::vector<float>* bias = nullptr);
 // Column sums of x [rows, cols].
 Dense column_sums(const std::vector<float>& x, int64_t rows, int64_t cols);
 // Columns [c0, c1) / rows [r0, r1) of a [rows, cols] result.
-Dense cols_of(const Dense& d, int64_t rows, int64_t cols, int64_t c0, int64_t c1);
+Dense cols_of(const Dense& d, int64_t rows, int64_t cols, int64_t c0,
+              int64_t c1);
 Dense rows_of(const Dense& d, int64_t cols, int64_t r0, int64_t r1);
-std::vector<float> cols_of(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t c0,
-                           int64_t c1);
-std::vector<float> rows_of(const std::vector<float>& x, int64_t cols, int64_t r0, int64_t r1);
+std::vector<float> cols_of(const std::vector<float>& x, int64_t rows,
+                           int64_t cols, int64_t c0, int64_t c1);
+std::vector<float> rows_of(const std::vector<float>& x, int64_t cols,
+                           int64_t r0, int64_t r1);
 
 // d with value and magnitude multiplied by f (and one more term).
 Dense scaled(const Dense& d, double f);
 
 // Every element of `actual` within (terms + extra_terms) * u * magnitude
 // (+ 1e-30) of the reference; names the first element that is not.
-::testing::AssertionResult near_dense(const std::vector<float>& actual, const Dense& expected,
+::testing::AssertionResult near_dense(const std::vector<float>& actual,
+                                      const Dense& expected,
                                       int64_t extra_terms = 4);
 // |actual - expected| <= tol * max(1, |expected|) for every element.
 ::testing::AssertionResult near(const std::vector<float>& actual,
-                                const std::vector<double>& expected, double tol);
+                                const std::vector<double>& expected,
+                                double tol);
 
 // Reads a host or device float32 tensor.
 std::vector<float> read(const Tensor& t);
