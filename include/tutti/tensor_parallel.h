@@ -317,9 +317,11 @@ class TUTTI_API VocabParallelEmbedding : public Stateful {
 // Softmax cross-entropy over logits whose vocabulary dimension is split over
 // the TP group (the output of a ColumnParallelLinear without gather_output):
 // each rank holds logits [N, V/p] for vocabulary entries [r*V/p, (r+1)*V/p).
-// Three TP all-reduces per forward: the row maximum (max), then the sum of
-// exp(logit - max) and the target logit (one fused sum); no rank ever holds
-// the full logits.  Computed in float32 whatever the logits' dtype.
+// Two TP all-reduces per forward, of 3 N floats in all: the row maximum
+// (MAX), then the sum of exp(logit - max) and the target logit together (one
+// SUM of [2, N]); no rank ever holds the full logits.  Subtracting the
+// global maximum keeps every exponential in (0, 1], so large logits neither
+// overflow nor underflow.  Computed in float32 whatever the logits' dtype.
 struct VocabParallelCrossEntropyOptions {
   std::string name = "vocab_parallel_cross_entropy";
   // Tokens whose target equals ignore_index contribute no loss and no
