@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_utils.h"
 #include "tensor_parallel/memory.h"
 #include "tutti/tensor_parallel.h"
 #include "tutti/tutti.h"
@@ -100,6 +101,13 @@ float data(int64_t g, int64_t c, int salt) {
   return static_cast<float>(((g * 131 + c * 31 + salt * 17) % 97) / 97.0 - 0.5);
 }
 
+// CUDA work is asynchronous: wait for it before reading the clock.
+void sync(Device dev) {
+#if TUTTI_WITH_CUDA
+  if (dev.is_cuda()) TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
 void fill_rows(const Tensor& t, int64_t first_row, int salt) {
   const int64_t cols = t.shape()[1];
   std::vector<float> v(t.numel());
@@ -158,10 +166,12 @@ int main(int argc, char** argv) {
     fill_rows(a.x.tensor(), first, 0);
     fill_rows(a.dy.tensor(), first, 1);
     for (int i = 0; i < 2; ++i) a.step(tp_mlp);  // warm-up (scratch grows)
+    sync(dev);
     mesh->reset_comm_stats();
     world->barrier();
     const double t0 = now();
     for (int i = 0; i < iters; ++i) a.step(tp_mlp);
+    sync(dev);
     double t = (now() - t0) / iters;
     world->allreduce(Tensor::of(&t, 1), ReduceOp::kMax);
     const uint64_t counted = mesh->comm_stats().bytes() / iters;
