@@ -70,12 +70,26 @@ void copy_from_host(const Tensor& dst, const void* src) {
     cuda::DeviceGuard g(dst.device().index);
     TUTTI_CUDA_CHECK(
         cudaMemcpy(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return before the DMA lands, and
+    // the layers' streams may be non-blocking: finish it here (parameter
+    // loading, not the hot path).
+    TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
     return;
 #else
     no_cuda("a host-to-device copy", dst.device());
 #endif
   }
   std::memcpy(dst.data(), src, dst.nbytes());
+}
+
+void synchronize(Device device) {
+  if (!device.is_cuda()) return;
+#if TUTTI_WITH_CUDA
+  cuda::DeviceGuard g(device.index);
+  TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+#else
+  no_cuda("synchronize", device);
+#endif
 }
 
 void copy_to_host(void* dst, const Tensor& src) {

@@ -51,9 +51,11 @@ class Workspace {
 
 // Zeroes a tensor (cudaMemsetAsync on `stream` for CUDA tensors).
 void fill_zero(const Tensor& t, void* stream);
-// Copies host memory into `dst` (host or device; on `stream`, then waits
-// for it, so `src` may be released on return).
+// Copies host memory into `dst` (host or device) and waits until the copy
+// has landed, so `src` may be released and any stream may read `dst`.
 void copy_from_host(const Tensor& dst, const void* src);
+// Waits for all work on a CUDA device (no-op for the CPU).
+void synchronize(Device device);
 // Copies `src` (host or device) into host memory (waits for the copy).
 void copy_to_host(void* dst, const Tensor& src);
 // Copies between two tensors of the same bytes on the same device.

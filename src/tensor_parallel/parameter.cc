@@ -43,6 +43,8 @@ Parameter::Parameter(std::string name, std::vector<int64_t> global_shape,
   grad_ = OwnedTensor(dtype, Shape(local), device);
   fill_zero(value(), nullptr);
   fill_zero(grad(), nullptr);
+  // The layer's stream may not be ordered after the legacy default stream.
+  synchronize(device);
 }
 
 void Parameter::zero_grad(void* stream) { fill_zero(grad(), stream); }
