@@ -1,0 +1,45 @@
+// Device dispatch of the tensor-parallel elementwise and reduction ops: CUDA
+// tensors go to the kernels in kernels/tensor_parallel_*.cu, host tensors to
+// their CPU twins (cpu_kernels.h).  Shapes are checked by the callers (the
+// layers); these check only what the kernels rely on.
+#pragma once
+
+#include <cstdint>
+
+#include "tutti/tensor.h"
+
+namespace tutti {
+namespace tp {
+
+// out2d [rows, cols] += bias [cols] (broadcast over rows).
+void bias_add(const Tensor& out2d, const Tensor& bias, void* stream);
+// db [cols] += column sums of dy2d [rows, cols].
+void bias_grad(const Tensor& dy2d, const Tensor& db, void* stream);
+// sum of x[i]^2 in float64 (CUDA: synchronises `stream`).
+double sum_squares(const Tensor& x, void* stream);
+
+// out2d [n, dim] = rows of weight [vocab_local, dim] for ids [n] in
+// [vocab_start, vocab_start + vocab_local), zeros for other ids.
+void embedding_lookup(const Tensor& ids, const Tensor& weight,
+                      int64_t vocab_start, const Tensor& out2d, void* stream);
+// dweight [vocab_local, dim] rows += dy2d [n, dim] rows of the ids held.
+void embedding_grad(const Tensor& ids, const Tensor& dy2d, int64_t vocab_start,
+                    const Tensor& dweight, void* stream);
+
+// Cross-entropy pieces (see cpu_kernels.h); logits2d [n, v_local], targets
+// [n], max [n], stats [2n], losses [n], mean_count [2], all float32 except
+// logits (and grad) and targets.
+void ce_local_max(const Tensor& logits2d, const Tensor& max, void* stream);
+void ce_local_sums(const Tensor& logits2d, const Tensor& targets,
+                   int64_t v_start, int64_t ignore_index, const Tensor& max,
+                   const Tensor& stats, void* stream);
+void ce_finalize(const Tensor& stats, const Tensor& targets, int64_t vocab,
+                 int64_t ignore_index, const Tensor& losses,
+                 const Tensor& mean_count, void* stream);
+void ce_backward(const Tensor& logits2d, const Tensor& targets, int64_t v_start,
+                 int64_t ignore_index, const Tensor& max, const Tensor& stats,
+                 const Tensor& mean_count, float grad_scale,
+                 const Tensor& grad2d, void* stream);
+
+}  // namespace tp
+}  // namespace tutti
