@@ -11,6 +11,8 @@
 #include "tutti/dtype.h"
 #include "tutti/error.h"
 #include "tutti/log.h"
+#include "tutti/mesh.h"
 #include "tutti/process_group.h"
 #include "tutti/state.h"
 #include "tutti/tensor.h"
+#include "tutti/tensor_parallel.h"
