@@ -1,11 +1,12 @@
 // Agreement on the skip decision across the ranks of data- and
 // model-parallel groups, and the "who overflowed" report for errors.
 //
-// Why a MAX over each group in turn is enough: on a data x model mesh every
-// rank belongs to one group of each kind; after the MAX over its data-
-// parallel group and then over its model-parallel group, each rank holds
-// the maximum over its whole grid (any rank reaches any other through one
-// rank of each group).  Every rank calls with the same groups in the same
+// Why a MAX over each group in turn is enough: on a full data x model grid
+// every rank belongs to one group of each kind; after the MAX over the
+// data-parallel groups every rank of the victim's data-parallel group holds
+// the flag, and every model-parallel group contains one rank of that group,
+// so the MAX over the model-parallel groups reaches every rank.
+// (Groups that do not tile a grid need their union as one group.)  Every rank calls with the same groups in the same
 // order, as for any collective.
 #pragma once
 
