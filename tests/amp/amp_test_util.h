@@ -131,6 +131,16 @@ inline ::testing::AssertionResult same_values(const HostTensor& a,
   return ::testing::AssertionSuccess();
 }
 
+// The scaler's state tensors, concatenated.
+inline std::vector<unsigned char> state_bytes(DynamicLossScaler* s) {
+  std::vector<unsigned char> out;
+  for (const NamedTensor& t : s->state_dict()) {
+    const auto* p = static_cast<const unsigned char*>(t.tensor.data());
+    out.insert(out.end(), p, p + t.tensor.nbytes());
+  }
+  return out;
+}
+
 }  // namespace test
 }  // namespace amp
 }  // namespace tutti

@@ -249,15 +249,6 @@ TEST(LossScaler, RejectsBadOptions) {
 
 // ---- state ---------------------------------------------------------------------
 
-std::vector<unsigned char> state_bytes(DynamicLossScaler* s) {
-  std::vector<unsigned char> out;
-  for (const NamedTensor& t : s->state_dict()) {
-    const auto* p = static_cast<const unsigned char*>(t.tensor.data());
-    out.insert(out.end(), p, p + t.tensor.nbytes());
-  }
-  return out;
-}
-
 void copy_state(DynamicLossScaler* from, DynamicLossScaler* to) {
   StateDict a = from->state_dict(), b = to->state_dict();
   ASSERT_EQ(a.size(), b.size());
@@ -292,10 +283,10 @@ TEST(LossScalerState, RestoreResumesTheSameTrajectory) {
   DynamicLossScaler a(o), b(o);
   run(&a, "..x..x.....xx.x...");
   copy_state(&a, &b);
-  EXPECT_EQ(state_bytes(&a), state_bytes(&b));
+  EXPECT_EQ(test::state_bytes(&a), test::state_bytes(&b));
   const std::string rest = "....x...xxx......x";
   EXPECT_EQ(run(&a, rest), run(&b, rest));
-  EXPECT_EQ(state_bytes(&a), state_bytes(&b));
+  EXPECT_EQ(test::state_bytes(&a), test::state_bytes(&b));
   EXPECT_EQ(b.steps(), 36);
 }
 

@@ -17,15 +17,6 @@ namespace {
 
 using test::HostTensor;
 
-std::vector<unsigned char> state_bytes(DynamicLossScaler* s) {
-  std::vector<unsigned char> out;
-  for (const NamedTensor& t : s->state_dict()) {
-    const auto* p = static_cast<const unsigned char*>(t.tensor.data());
-    out.insert(out.end(), p, p + t.tensor.nbytes());
-  }
-  return out;
-}
-
 // True when every rank of `g` holds the same bytes.
 bool same_on_all_ranks(Communicator* g, std::vector<unsigned char> mine) {
   const int64_t n = static_cast<int64_t>(mine.size());
@@ -87,7 +78,7 @@ TEST(OverflowAgreement, OneRankOneTensorMakesEveryRankSkip) {
             << "victim " << victim << " tensor " << tensor << " value " << planted;
         EXPECT_TRUE(scaler.update().skipped);
         ++expected_skips;
-        ASSERT_TRUE(same_on_all_ranks(w.get(), state_bytes(&scaler)))
+        ASSERT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)))
             << "scaler state diverged after victim " << victim;
         // A clean step in between: nobody skips.
         Grads clean(w->rank(), scaler.scale());
@@ -99,7 +90,7 @@ TEST(OverflowAgreement, OneRankOneTensorMakesEveryRankSkip) {
     }
   }
   EXPECT_EQ(scaler.skipped_steps(), expected_skips);
-  EXPECT_TRUE(same_on_all_ranks(w.get(), state_bytes(&scaler)));
+  EXPECT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)));
 }
 
 TEST(OverflowAgreement, ErrorAtMinimumNamesTheRankAndTensorOnEveryRank) {
@@ -128,7 +119,7 @@ TEST(OverflowAgreement, ErrorAtMinimumNamesTheRankAndTensorOnEveryRank) {
   for (int r = 0; r < w->size(); ++r)
     if (r != victim)
       EXPECT_EQ(message.find("rank " + std::to_string(r) + ": '"), std::string::npos) << message;
-  EXPECT_TRUE(same_on_all_ranks(w.get(), state_bytes(&scaler)));
+  EXPECT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)));
 }
 
 // A tp x dp mesh: tensor-parallel pairs (rank / 2) and data-parallel
@@ -153,7 +144,7 @@ TEST(OverflowAgreement, MeshGroupsAgreeInTurn) {
       EXPECT_EQ(scaler.unscale_and_check(g.views(), c), expected)
           << "victim " << victim << (both ? " dp+tp" : " tp only");
       EXPECT_EQ(scaler.update().skipped, expected);
-      if (both) EXPECT_TRUE(same_on_all_ranks(w.get(), state_bytes(&scaler)));
+      if (both) EXPECT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)));
     }
   }
 }
@@ -173,7 +164,7 @@ TEST(OverflowAgreement, AlreadyAgreedAfterSumAllreduce) {
       c.already_agreed = true;
       EXPECT_TRUE(scaler.unscale_and_check(g.views(), c)) << "victim " << victim;
       scaler.update();
-      EXPECT_TRUE(same_on_all_ranks(w.get(), state_bytes(&scaler)));
+      EXPECT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)));
     }
   }
 }
