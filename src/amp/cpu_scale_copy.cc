@@ -115,18 +115,31 @@ TUTTI_AVX2 inline __m128i to_bf16x8(__m256 v) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
-// Stores 8 lanes rounded into D; returns their magnitude bits (u32 lanes).
+// Stores 8 lanes rounded into D.
 template <int D>
-TUTTI_AVX2 inline __m256i store8(void* p, int64_t i, __m256 v) {
+TUTTI_AVX2 inline void store8(void* p, int64_t i, __m256 v) {
   if (D == kF32) {
     _mm256_storeu_ps(static_cast<float*>(p) + i, v);
-    return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff));
+    return;
   }
   const __m128i h = D == kF16
                         ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
                         : to_bf16x8(v);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p) + i), h);
-  return _mm256_and_si256(_mm256_cvtepu16_epi32(h), _mm256_set1_epi32(0x7fff));
+}
+
+// The smallest float32 magnitude (as bits) that is NaN or Inf once rounded
+// to nearest even into D: Inf itself for float32; 65520 for float16 (the
+// midpoint above 65504 ties to the even 65536 = Inf); for bfloat16 the
+// midpoint above 0x7f7f, which ties to the even 0x7f80 = Inf.  Testing the
+// float32 value against it saves widening the rounded result.
+template <int D>
+constexpr uint32_t rounds_to_inf_bits() {
+  return D == kF32 ? 0x7f800000u : D == kF16 ? 0x477ff000u : 0x7f7f8000u;
+}
+
+TUTTI_AVX2 inline __m256i magnitude8(__m256 v) {
+  return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff));
 }
 
 TUTTI_AVX2 inline uint32_t hmax_epu32(__m256i v) {
@@ -176,21 +189,57 @@ TUTTI_AVX2 bool avx2_loop(const void* src, void* dst, int64_t n, float scale) {
   for (; i + 16 <= n; i += 16) {
     const __m256 a = _mm256_mul_ps(load8<S>(src, i), s);
     const __m256 b = _mm256_mul_ps(load8<S>(src, i + 8), s);
-    acc = _mm256_max_epu32(acc, store8<D>(dst, i, a));
-    acc = _mm256_max_epu32(acc, store8<D>(dst, i + 8, b));
+    store8<D>(dst, i, a);
+    store8<D>(dst, i + 8, b);
+    acc = _mm256_max_epu32(acc, _mm256_max_epu32(magnitude8(a), magnitude8(b)));
   }
-  for (; i + 8 <= n; i += 8)
-    acc = _mm256_max_epu32(acc, store8<D>(dst, i, _mm256_mul_ps(load8<S>(src, i), s)));
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_mul_ps(load8<S>(src, i), s);
+    store8<D>(dst, i, a);
+    acc = _mm256_max_epu32(acc, magnitude8(a));
+  }
   const bool tail = scalar_loop<S, D>(src, dst, i, n, scale, false);
-  return hmax_epu32(acc) >= inf_bits<D>() || tail;
+  return hmax_epu32(acc) >= rounds_to_inf_bits<D>() || tail;
+}
+// bfloat16 -> bfloat16 (the in-place unscale of bfloat16 gradients), 16
+// elements per 256-bit load without widening: each 32-bit lane holds two
+// elements, the even one in its low half (shifted up it is a float32) and
+// the odd one in its high half (masked it is a float32).  Both are rounded
+// on their upper 16 bits and merged back.  No NaN fix-up is needed: a NaN
+// product is the quieted bfloat16 source, whose low 16 bits are zero, so
+// adding the rounding bias (<= 0x8000) leaves its upper half unchanged.
+TUTTI_AVX2 bool avx2_bf16_to_bf16(const void* src, void* dst, int64_t n, float scale) {
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const uint16_t* in = static_cast<const uint16_t*>(src);
+  uint16_t* out = static_cast<uint16_t*>(dst);
+  __m256i acc = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    const __m256 even = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), s);
+    const __m256 odd = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, high)), s);
+    __m256i e = _mm256_castps_si256(even), o = _mm256_castps_si256(odd);
+    e = _mm256_add_epi32(e, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(e, 16), one)));
+    o = _mm256_add_epi32(o, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(o, 16), one)));
+    const __m256i r = _mm256_or_si256(_mm256_srli_epi32(e, 16), _mm256_and_si256(o, high));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), r);
+    acc = _mm256_max_epu32(acc, _mm256_max_epu32(magnitude8(even), magnitude8(odd)));
+  }
+  const bool tail = scalar_loop<kBF16, kBF16>(src, dst, i, n, scale, false);
+  return hmax_epu32(acc) >= rounds_to_inf_bits<kBF16>() || tail;
 }
 #endif  // __x86_64__
 
 template <int S, int D>
 bool run(const void* src, void* dst, int64_t n, float scale, bool read_only) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_f16c())
-    return read_only ? avx2_check<D>(src, n) : avx2_loop<S, D>(src, dst, n, scale);
+  if (cpu_has_avx2_f16c()) {
+    if (read_only) return avx2_check<D>(src, n);
+    if (S == kBF16 && D == kBF16) return avx2_bf16_to_bf16(src, dst, n, scale);
+    return avx2_loop<S, D>(src, dst, n, scale);
+  }
 #endif
   return scalar_loop<S, D>(src, dst, 0, n, scale, read_only);
 }

@@ -110,6 +110,25 @@ TEST(UnscaleAndCheck, ReportsExactlyTheTensorsWithNonFiniteValues) {
   EXPECT_EQ(r.describe({}, 2), "#3, #17 and 1 more");
 }
 
+// Every NaN payload and sign, Inf, subnormals and both rounding directions
+// of bfloat16 -> bfloat16 (which has its own vector loop), bit for bit
+// against the scalar reference, NaN payloads included.
+TEST(UnscaleAndCheck, BFloat16EveryBitPattern) {
+  HostTensor src(DType::kBFloat16, 65536 + 7), ref(DType::kBFloat16, 65536 + 7);
+  for (int64_t i = 0; i < src.numel(); ++i)
+    reinterpret_cast<uint16_t*>(src.bytes.data())[i] = static_cast<uint16_t>(i * 40503u);
+  for (float scale : {1.0f / 3, 0.5f, 3.0f}) {
+    HostTensor dst(DType::kBFloat16, src.numel());
+    dst.poison();
+    const bool ref_found = test::reference_scale_copy(src, &ref, scale);
+    EXPECT_EQ(scale_copy({src.tensor()}, {dst.tensor()}, scale).found, ref_found);
+    EXPECT_EQ(dst.bytes, ref.bytes) << "scale " << scale;
+    HostTensor inplace = src;
+    unscale_and_check({inplace.tensor()}, scale);
+    EXPECT_EQ(inplace.bytes, ref.bytes) << "in place, scale " << scale;
+  }
+}
+
 TEST(UnscaleAndCheck, CleanListAndEmptyList) {
   EXPECT_FALSE(unscale_and_check({}, 0.5f).found);
   HostTensor a(DType::kFloat16, 100), b(DType::kBFloat16, 0);
@@ -120,24 +139,49 @@ TEST(UnscaleAndCheck, CleanListAndEmptyList) {
   for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(a.get(i), i * 0.5f);
 }
 
+// The rounding boundaries into float16 and bfloat16, in the vector body
+// (element 3) and in the scalar tail (element 18) of a 19-element tensor.
 TEST(UnscaleAndCheck, OverflowInTheDestinationIsNonFinite) {
-  // Finite float32 values that do not fit float16 / bfloat16 after scaling.
-  HostTensor master(DType::kFloat32, 3), half(DType::kFloat16, 3), bf(DType::kBFloat16, 3);
-  master.set(0, 1.0f);
-  master.set(1, 65519.0f);  // rounds to 65504 (finite)
-  master.set(2, 65520.0f);  // rounds to Inf in float16
-  NonFiniteReport r = copy_master_to_model({master.tensor()}, {half.tensor()});
-  EXPECT_TRUE(r.found);
-  EXPECT_EQ(half.get(1), 65504.0f);
-  EXPECT_TRUE(std::isinf(half.get(2)));
-  EXPECT_FALSE(copy_master_to_model({master.tensor()}, {bf.tensor()}).found);
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  struct Case {
+    DType dst;
+    float value;
+    bool overflows;
+  };
+  const Case cases[] = {
+      {DType::kFloat16, 65519.0f, false},  // rounds to 65504
+      {DType::kFloat16, std::nextafter(65520.0f, 0.0f), false},
+      {DType::kFloat16, 65520.0f, true},   // ties to even: 65536 = Inf
+      {DType::kFloat16, -70000.0f, true},
+      {DType::kBFloat16, from_bits(0x7f7f7fffu), false},  // rounds to 0x7f7f
+      {DType::kBFloat16, from_bits(0x7f7f8000u), true},   // ties to 0x7f80 = Inf
+      {DType::kBFloat16, -from_bits(0x7f7fffffu), true},
+      {DType::kFloat32, 3.4e38f, false},
+  };
+  for (const Case& c : cases) {
+    for (int64_t pos : {3, 18}) {
+      HostTensor master(DType::kFloat32, 19), model(c.dst, 19), ref(c.dst, 19);
+      for (int64_t i = 0; i < 19; ++i) master.set(i, 1.0f);
+      master.set(pos, c.value);
+      const bool ref_found = test::reference_scale_copy(master, &ref, 1.0f);
+      EXPECT_EQ(ref_found, c.overflows) << c.value;
+      const NonFiniteReport r =
+          scale_copy({master.tensor()}, {model.tensor()}, 1.0f);
+      EXPECT_EQ(r.found, c.overflows) << dtype_name(c.dst) << " " << c.value << " at " << pos;
+      EXPECT_TRUE(test::same_values(model, ref));
+    }
+  }
   // Scaling up can overflow in place, too.
   HostTensor g(DType::kFloat16, 17);
   for (int64_t i = 0; i < 17; ++i) g.set(i, 1.0f);
-  g.set(16, 40000.0f);
-  r = unscale_and_check({g.tensor()}, 2.0f);
+  g.set(5, 40000.0f);
+  const NonFiniteReport r = unscale_and_check({g.tensor()}, 2.0f);
   EXPECT_TRUE(r.found);
-  EXPECT_TRUE(std::isinf(g.get(16)));
+  EXPECT_TRUE(std::isinf(g.get(5)));
   EXPECT_EQ(g.get(15), 2.0f);
 }
 
