@@ -307,8 +307,8 @@ class TUTTI_API DynamicLossScaler : public Stateful {
   bool can_shrink() const;
   // An overflow now would make update() apply at_min_scale.
   bool policy_due() const;
-  void remember_unscaled(const std::vector<Tensor>& grads,
-                         const std::vector<std::string>& names);
+  void check_not_unscaled(const std::vector<Tensor>& grads,
+                          const std::vector<std::string>& names);
 
   LossScalerOptions options_;
   // State (state_dict() views these).

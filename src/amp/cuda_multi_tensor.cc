@@ -18,13 +18,27 @@ namespace {
 
 // Stream-ordered scratch memory (cudaMallocAsync draws from the device's
 // pool, so a step does not pay for cudaMalloc), freed in stream order.
+// Devices without memory pools fall back to cudaMalloc/cudaFree (cudaFree
+// synchronises, and every caller waits for the stream anyway).
 class StreamScratch {
  public:
   StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0) TUTTI_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
+    if (bytes == 0) return;
+    const cudaError_t e = cudaMallocAsync(&ptr_, bytes, stream);
+    if (e == cudaErrorNotSupported) {
+      cudaGetLastError();
+      async_ = false;
+      TUTTI_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+    } else {
+      TUTTI_CUDA_CHECK(e);
+    }
   }
   ~StreamScratch() {
-    if (ptr_) cudaFreeAsync(ptr_, stream_);
+    if (!ptr_) return;
+    if (async_)
+      cudaFreeAsync(ptr_, stream_);
+    else
+      cudaFree(ptr_);
   }
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
@@ -36,6 +50,7 @@ class StreamScratch {
  private:
   void* ptr_ = nullptr;
   cudaStream_t stream_;
+  bool async_ = true;
 };
 
 }  // namespace

@@ -71,11 +71,13 @@ bool DynamicLossScaler::can_shrink() const {
   return next < scale_ && next > 0;
 }
 
-void DynamicLossScaler::remember_unscaled(const std::vector<Tensor>& grads,
-                                          const std::vector<std::string>& names) {
+void DynamicLossScaler::check_not_unscaled(const std::vector<Tensor>& grads,
+                                           const std::vector<std::string>& names) {
   // A gradient unscaled twice in one step would silently be divided by the
   // scale twice: keep the data pointers unscaled since the last update()
-  // (sorted, so the check is n log n on a vector that keeps its capacity).
+  // (sorted, so the check is n log n on vectors that keep their capacity).
+  // scratch_ becomes the new set; unscale_and_check() adopts it once the
+  // unscale succeeded.
   scratch_ = unscaled_;
   for (const Tensor& g : grads)
     if (g.numel() > 0) scratch_.push_back(g.data());
@@ -91,13 +93,15 @@ void DynamicLossScaler::remember_unscaled(const std::vector<Tensor>& grads,
                 name, " was already unscaled in step ", steps_,
                 "; call update() before unscaling it again");
   }
-  unscaled_.swap(scratch_);
 }
 
 bool DynamicLossScaler::unscale_and_check(const std::vector<Tensor>& grads,
                                           const StepCheckOptions& options) {
-  if (scale_ != 1.0f) remember_unscaled(grads, options.names);
-  return record(amp::unscale_and_check(grads, inv_scale(), options.stream), options);
+  const bool scaled = scale_ != 1.0f;
+  if (scaled) check_not_unscaled(grads, options.names);
+  const NonFiniteReport local = amp::unscale_and_check(grads, inv_scale(), options.stream);
+  if (scaled) unscaled_.swap(scratch_);
+  return record(local, options);
 }
 
 bool DynamicLossScaler::check(const std::vector<Tensor>& grads,

@@ -216,6 +216,11 @@ TEST(LossScaler, UnscalesGradientsOfEveryDType) {
   EXPECT_TRUE(s.unscale_and_check({d.tensor()}));
   EXPECT_TRUE(s.found_non_finite());
   EXPECT_TRUE(s.update().skipped);
+  // A refused list (float64) is not remembered as unscaled.
+  std::vector<double> f64(3, 1.0);
+  test::HostTensor e(DType::kFloat32, 4);
+  EXPECT_THROW(s.unscale_and_check({e.tensor(), Tensor::of(f64)}), Error);
+  EXPECT_FALSE(s.unscale_and_check({e.tensor()}));
   // A new step may unscale them again.
   EXPECT_FALSE(s.unscale_and_check({a.tensor()}));
   s.update();
