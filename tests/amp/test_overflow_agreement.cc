@@ -50,6 +50,27 @@ struct Grads {
   }
 };
 
+// update()'s error message, "" when it did not throw.
+std::string update_error(DynamicLossScaler* s) {
+  try {
+    s->update();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A tp x dp mesh: tensor-parallel pairs (rank / 2) and data-parallel groups
+// (rank % 2); with an odd world, tp groups of one.
+struct Mesh {
+  int tp_size;
+  ProcessGroupPtr tp, dp;
+  explicit Mesh(const ProcessGroupPtr& w)
+      : tp_size(w->size() % 2 == 0 ? 2 : 1),
+        tp(w->split_group(w->rank() / tp_size, w->rank(), "tp")),
+        dp(w->split_group(w->rank() % tp_size, w->rank(), "dp")) {}
+};
+
 const float kPlanted[] = {std::numeric_limits<float>::quiet_NaN(),
                           std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity()};
@@ -106,12 +127,7 @@ TEST(OverflowAgreement, ErrorAtMinimumNamesTheRankAndTensorOnEveryRank) {
   c.names = g.names;
   c.groups = {w.get()};
   EXPECT_TRUE(scaler.unscale_and_check(g.views(), c));
-  std::string message;
-  try {
-    scaler.update();
-  } catch (const Error& e) {
-    message = e.what();
-  }
+  const std::string message = update_error(&scaler);
   const std::string expected = "rank " + std::to_string(victim) + ": 'layer4.weight'";
   EXPECT_NE(message.find(expected), std::string::npos) << message;
   EXPECT_NE(message.find("step 0"), std::string::npos) << message;
@@ -122,15 +138,14 @@ TEST(OverflowAgreement, ErrorAtMinimumNamesTheRankAndTensorOnEveryRank) {
   EXPECT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)));
 }
 
-// A tp x dp mesh: tensor-parallel pairs (rank / 2) and data-parallel
-// groups (rank % 2); with an odd world, tp groups of one.  Agreeing over dp
-// then tp reaches every rank of the full grid; over tp alone only the
-// victim's tp group.
+// Agreeing over dp then tp reaches every rank of the full grid; over tp
+// alone only the victim's tp group.
 TEST(OverflowAgreement, MeshGroupsAgreeInTurn) {
   ProcessGroupPtr w = world();
-  const int tp_size = w->size() % 2 == 0 ? 2 : 1;
-  auto tp = w->split_group(w->rank() / tp_size, w->rank(), "tp");
-  auto dp = w->split_group(w->rank() % tp_size, w->rank(), "dp");
+  Mesh mesh(w);
+  auto& tp = mesh.tp;
+  auto& dp = mesh.dp;
+  const int tp_size = mesh.tp_size;
   ASSERT_EQ(tp->size() * dp->size(), w->size());
   for (int victim = 0; victim < w->size(); ++victim) {
     for (bool both : {true, false}) {
@@ -147,6 +162,46 @@ TEST(OverflowAgreement, MeshGroupsAgreeInTurn) {
       if (both) EXPECT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)));
     }
   }
+}
+
+// The report at the minimum travels over both groups of the mesh: every
+// rank's message names every rank that overflowed, once.  Both policies
+// gather it (collectively); kError shows it in the exception, kWarn logs it
+// and carries on with identical state.
+TEST(OverflowAgreement, MeshReportNamesEveryVictim) {
+  ProcessGroupPtr w = world();
+  Mesh mesh(w);
+  LossScalerOptions o;
+  o.init_scale = 1;
+  o.min_scale = 1;
+  o.at_min_scale = MinScalePolicy::kWarn;
+  DynamicLossScaler scaler(o);
+  // Victims: rank 0 (tensor 1) and the last rank (tensor 6).
+  Grads g(w->rank(), 1.0f);
+  const int last = w->size() - 1;
+  if (w->rank() == 0) g.t[1].set(3, std::numeric_limits<float>::infinity());
+  if (w->rank() == last) g.t[6].set(7, std::numeric_limits<float>::quiet_NaN());
+  StepCheckOptions c;
+  c.names = g.names;
+  c.groups = {mesh.dp.get(), mesh.tp.get()};
+  EXPECT_TRUE(scaler.unscale_and_check(g.views(), c));
+  LossScalerOptions e = o;
+  e.at_min_scale = MinScalePolicy::kError;
+  DynamicLossScaler strict(e);
+  Grads g2(w->rank(), 1.0f);
+  if (w->rank() == 0) g2.t[1].set(3, std::numeric_limits<float>::infinity());
+  if (w->rank() == last) g2.t[6].set(7, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(strict.unscale_and_check(g2.views(), c));
+  const std::string message = update_error(&strict);
+  const std::string first = "rank 0: 'layer1.weight'";
+  const std::string second = "rank " + std::to_string(last) +
+                             (last == 0 ? ": 'layer1.weight', 'layer6.weight'" : ": 'layer6.weight'");
+  EXPECT_NE(message.find(last == 0 ? second : first), std::string::npos) << message;
+  EXPECT_NE(message.find(second), std::string::npos) << message;
+  EXPECT_EQ(message.find(second), message.rfind(second)) << "listed twice: " << message;
+  const ScaleUpdate u = scaler.update();
+  EXPECT_TRUE(u.skipped);
+  EXPECT_TRUE(same_on_all_ranks(w.get(), test::state_bytes(&scaler)));
 }
 
 // After a sum all-reduce of the gradients, NaN/Inf reach every rank, so the
