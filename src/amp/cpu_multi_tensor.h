@@ -1,8 +1,9 @@
 // The host twins of the multi-tensor kernels in kernels/amp_*.cu: the same
 // arithmetic (float32, one rounding into the destination), vectorised with
 // AVX2/F16C when the CPU has it and scalar otherwise.  Results are
-// bit-identical between the vector and the scalar path and to the CUDA
-// kernels for scale_copy; norms agree to float32 accumulation error.
+// bit-identical between the vector and the scalar path, and to the CUDA
+// kernels for scale_copy except for NaN payloads (CUDA's conversions write
+// a canonical NaN); norms agree to float32 accumulation error.
 #pragma once
 
 #include <cstdint>
