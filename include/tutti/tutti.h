@@ -5,6 +5,7 @@
 #define TUTTI_VERSION_MINOR 1
 #define TUTTI_VERSION_PATCH 0
 
+#include "tutti/amp.h"
 #include "tutti/comm.h"
 #include "tutti/config.h"
 #include "tutti/device.h"

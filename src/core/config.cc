@@ -53,6 +53,11 @@ const std::vector<SettingInfo> kSettings = {
      "Step before which PowerSGD sends uncompressed gradients."},
     {"TUTTI_AUTO_PROBE_STEPS", "int", "5",
      "Steps the auto compressor measures before choosing per bucket."},
+    // ---- amp
+    {"TUTTI_AMP_VERIFY_AGREEMENT", "bool", "0",
+     "Check the claim that a non-finite flag is already identical on every "
+     "rank (StepCheckOptions::already_agreed) with one small all-reduce per "
+     "step; a disagreement is an error naming the group."},
     // ---- checkpoints
     {"TUTTI_CKPT_DIR", "string", "",
      "Checkpoint directory used by examples and tutti-run."},
