@@ -1,6 +1,7 @@
 #include "data_parallel/hierarchical.h"
 
 #include "core/check.h"
+#include "tutti/log.h"
 
 namespace tutti {
 namespace dp {
@@ -27,6 +28,9 @@ HierarchicalAllreduce::HierarchicalAllreduce(const ProcessGroupPtr& group,
                                        {"hierarchical node count"});
   equal_ = mn[0] == -mn[1];
   nodes_ = leaders;
+  TUTTI_LOG(kInfo) << "hierarchical all-reduce on '" << group->name() << "': "
+                   << nodes_ << " node(s) of " << (equal_ ? "equal" : "unequal")
+                   << " size, this node has " << node_->size() << " rank(s)";
 }
 
 int64_t HierarchicalAllreduce::padded_numel(int64_t numel) const {
