@@ -92,7 +92,9 @@ struct ReducerOptions {
   int hierarchical_node_size = 0;
   // Replaces each bucket's all-reduce (see tutti/compression.h); null: a
   // plain sum all-reduce divided by the group size.  Requires op == kAvg.
-  // The compressor runs on the reducer's communication thread.
+  // The compressor runs on the reducer's communication thread; its
+  // CompressContext::step counts reducing passes from 0 (a pass that failed
+  // consumes its number, so steps only increase).
   std::shared_ptr<Compressor> compressor;
   // kAvg (default): gradients are averaged over the group's ranks; kSum:
   // summed.  Other ops are rejected.

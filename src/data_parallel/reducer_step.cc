@@ -192,6 +192,7 @@ bool ReducerImpl::synchronize(void* stream) {
     }
   } catch (...) {
     abandon_step();
+    ++step_;  // a failed pass consumes its number: steps stay increasing
     throw;
   }
   reset_step();
