@@ -49,9 +49,11 @@
 //    kernel are stream-ordered; the host never waits for the GPU.  The
 //    gradients are final on the stream passed to synchronize().
 //  * Threads: the methods may be called from several threads (a mutex
-//    guards the state), but the reducer issues collectives on its group: do
-//    not run other collectives on the same group while a step is in flight
-//    unless every rank issues them at the same point.
+//    guards the state).  While a reducing pass is in flight (first
+//    grad_ready() to synchronize()) issue no other collectives on the
+//    reducer's group: which buckets are launched at a given point may differ
+//    across ranks.  Use a split group for logging all-reduces.  A
+//    NoSyncGuard must not outlive its reducer.
 #pragma once
 
 #include <cstdint>
