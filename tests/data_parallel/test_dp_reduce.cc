@@ -214,3 +214,38 @@ TEST(ReduceAlloc, BuffersAreAllocatedOnceAtBuild) {
 
 }  // namespace
 }  // namespace tutti
+
+namespace tutti {
+namespace {
+
+TEST(ReduceGroups, SubgroupAveragesWithinItsRanks) {
+  // A data-parallel group that is not the world (as in a TP x DP mesh):
+  // even and odd world ranks form two groups, each averaging only its own.
+  auto w = world();
+  auto dp = w->split_group(w->rank() % 2, w->rank(), "dp");
+  auto params = test::make_params(kMixed);
+  Reducer reducer(dp, options(kCaps[1]));
+  test::register_all(reducer, params);
+  reducer.build();
+  fill_grads(params, w->rank());
+  for (int i = reducer.num_parameters() - 1; i >= 0; --i) reducer.grad_ready(i);
+  EXPECT_TRUE(reducer.synchronize());
+  for (size_t p = 0; p < params.size(); ++p)
+    EXPECT_TRUE(test::matches(params[p].grad, [&](int64_t i) {
+      double sum = 0;
+      for (int k = w->rank() % 2; k < w->size(); k += 2)
+        sum += test::stored(params[p].grad.dtype, grad_value(k, static_cast<int>(p), i));
+      return test::expected_avg(params[p].grad.dtype, sum, dp->size());
+    })) << params[p].name;
+}
+
+TEST(ReduceGroups, EmptyModel) {
+  Reducer reducer(world());
+  reducer.build();
+  EXPECT_TRUE(reducer.buckets().empty());
+  EXPECT_TRUE(reducer.synchronize());
+  reducer.broadcast_parameters(0);
+}
+
+}  // namespace
+}  // namespace tutti
