@@ -73,10 +73,15 @@ ReducerImpl::~ReducerImpl() {
     abandon_step();
   }
   worker_.reset();
+  release_buckets();
+}
+
+void ReducerImpl::release_buckets() {
   for (auto& b : buckets_) {
     b.buffer.release(pool_);
     b.shard.release(pool_);
   }
+  buckets_.clear();
 }
 
 int ReducerImpl::add_parameter(const std::string& name, const Tensor& param,
@@ -115,8 +120,7 @@ void ReducerImpl::check_plan_agrees() {
       detail::cat("first_bucket_cap_mb=", opt_.first_bucket_cap_mb),
       detail::cat("backward_passes_per_step=", opt_.backward_passes_per_step),
       detail::cat("op=", reduce_op_name(opt_.op)),
-      detail::cat("mode=", mode_ == Mode::kFlat ? "flat"
-                          : mode_ == Mode::kHierarchical ? "hierarchical" : "compressed"),
+      detail::cat("mode=", mode_name()),
       detail::cat("hierarchical_node_size=", opt_.hierarchical_node_size),
       detail::cat("compressor=", opt_.compressor ? opt_.compressor->name() : "none"),
   };
@@ -164,33 +168,48 @@ void ReducerImpl::build() {
           : opt_.hierarchical && group_->size() > 1 ? Mode::kHierarchical
                                                     : Mode::kFlat;
   check_plan_agrees();  // collective; throws on every rank or none
-  if (mode_ == Mode::kHierarchical)
-    hier_.reset(new dp::HierarchicalAllreduce(group_, opt_.hierarchical_node_size));
-  buckets_.resize(plan.size());
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Bucket& b = buckets_[i];
-    b.plan = std::move(plan[i]);
-    b.op_name = detail::cat(opt_.name, " bucket ", i);
-    for (size_t s = 0; s < b.plan.params.size(); ++s) {
-      dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
-      p.bucket = static_cast<int>(i);
-      p.offset = b.plan.layout.slots[s].offset;
+  try {
+    if (mode_ == Mode::kHierarchical)
+      hier_.reset(new dp::HierarchicalAllreduce(group_, opt_.hierarchical_node_size));
+    buckets_.resize(plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Bucket& b = buckets_[i];
+      b.plan = std::move(plan[i]);
+      b.op_name = detail::cat(opt_.name, " bucket ", i);
+      for (size_t s = 0; s < b.plan.params.size(); ++s) {
+        dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
+        p.bucket = static_cast<int>(i);
+        p.offset = b.plan.layout.slots[s].offset;
+      }
+      allocate_bucket(b);
+      layouts_.push_back(b.plan.layout);
     }
-    allocate_bucket(b);
-    layouts_.push_back(b.plan.layout);
+    if (opt_.compressor)
+      for (const auto& l : layouts_) opt_.compressor->setup(l);
+    if (mode_ != Mode::kFlat)
+      worker_.reset(new dp::BucketWorker(opt_.name, static_cast<int>(buckets_.size()),
+                                         [this](int b) { run_on_worker(b); }));
+  } catch (...) {
+    // Leave the reducer unbuilt (and its memory returned) so that the
+    // caller sees one clean failure.
+    release_buckets();
+    layouts_.clear();
+    hier_.reset();
+    throw;
   }
-  if (opt_.compressor)
-    for (const auto& l : layouts_) opt_.compressor->setup(l);
-  if (mode_ != Mode::kFlat)
-    worker_.reset(new dp::BucketWorker(opt_.name, static_cast<int>(buckets_.size()),
-                                       [this](int b) { run_on_worker(b); }));
   built_ = true;
   TUTTI_LOG(kInfo) << "Reducer '" << opt_.name << "': " << params_.size()
                    << " parameters in " << buckets_.size() << " buckets ("
-                   << (mode_ == Mode::kFlat ? "flat"
-                       : mode_ == Mode::kHierarchical ? "hierarchical"
-                                                      : "compressed")
-                   << ")";
+                   << mode_name() << ")";
+}
+
+const char* ReducerImpl::mode_name() const {
+  switch (mode_) {
+    case Mode::kFlat: return "flat";
+    case Mode::kHierarchical: return "hierarchical";
+    case Mode::kCompressed: return "compressed";
+  }
+  return "?";
 }
 
 void ReducerImpl::require_built(const char* what) const {

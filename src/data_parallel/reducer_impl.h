@@ -102,8 +102,10 @@ class ReducerImpl {
   // reducer.cc
   void check_plan_agrees();
   void allocate_bucket(dp::Bucket& b);
+  void release_buckets();
   bool step_in_flight() const { return filled_in_pass_ > 0; }
   void require_built(const char* what) const;
+  const char* mode_name() const;
 
   mutable std::mutex mu_;
   std::vector<dp::Param> params_;
