@@ -44,6 +44,18 @@ double expected(int p, int64_t i, int passes, const std::function<bool(int, int)
   return sum / n;
 }
 
+// Every parameter holds expected(...) (sums of small integers and one
+// division in float64: exact up to the division's rounding).
+void expect_averages(std::vector<test::TestParam>& params, int passes,
+                     const std::function<bool(int, int)>& used) {
+  for (int p = 0; p < static_cast<int>(params.size()); ++p)
+    EXPECT_TRUE(test::matches(params[static_cast<size_t>(p)].grad,
+                              [&](int64_t i) { return expected(p, i, passes, used); }, 1e-15))
+        << "parameter " << p;
+}
+
+const auto kAlways = [](int, int) { return true; };
+
 class Accumulation : public ::testing::TestWithParam<int> {};
 
 TEST_P(Accumulation, PassesPerStepCommunicateOnlyOnTheLastPass) {
@@ -70,10 +82,7 @@ TEST_P(Accumulation, PassesPerStepCommunicateOnlyOnTheLastPass) {
     EXPECT_TRUE(r.next_pass_reduces());
     backward(r, params, rank, k - 1, all);
     EXPECT_TRUE(r.synchronize());
-    for (int p = 0; p < 4; ++p)
-      EXPECT_TRUE(test::matches(params[static_cast<size_t>(p)].grad, [&](int64_t i) {
-        return expected(p, i, k, [](int, int) { return true; });
-      }, 1e-15)) << "parameter " << p;
+    expect_averages(params, k, kAlways);
   }
   EXPECT_EQ(r.stats().accumulation_passes, 2 * (k - 1));
   EXPECT_EQ(r.stats().steps, 2);
@@ -101,10 +110,7 @@ TEST_P(Accumulation, NoSyncScopesDoNotCommunicate) {
   EXPECT_TRUE(r.next_pass_reduces());
   backward(r, params, rank, k - 1, all);
   EXPECT_TRUE(r.synchronize());
-  for (int p = 0; p < 4; ++p)
-    EXPECT_TRUE(test::matches(params[static_cast<size_t>(p)].grad, [&](int64_t i) {
-      return expected(p, i, k, [](int, int) { return true; });
-    }, 1e-15));
+  expect_averages(params, k, kAlways);
 }
 
 INSTANTIATE_TEST_SUITE_P(Passes, Accumulation, ::testing::Values(1, 2, 3));
@@ -133,10 +139,7 @@ TEST(AccumulationUnused, UsedEarlierInTheStepCountsUsedNeverIsZero) {
     backward(r, params, rank, q, use);
     EXPECT_EQ(r.synchronize(), q == 2);
   }
-  for (int p = 0; p < 4; ++p)
-    EXPECT_TRUE(test::matches(params[static_cast<size_t>(p)].grad,
-                              [&](int64_t i) { return expected(p, i, 3, used); }, 1e-15))
-        << "parameter " << p;
+  expect_averages(params, 3, used);
   EXPECT_EQ(r.stats().unready_gradients, 2);
 }
 
