@@ -77,6 +77,9 @@ void train_data_parallel(test::Mlp<T>& model, const Case& c) {
   for (int i = 0; i < model.num_params(); ++i)
     reducer.add_parameter(model.name(i), model.param(i), model.grad(i));
   reducer.build();
+  if (c.cap_mb < 1e-9)
+    EXPECT_EQ(static_cast<int>(reducer.buckets().size()), model.num_params()) << "one per tensor";
+  if (c.cap_mb >= 1000) EXPECT_EQ(reducer.buckets().size(), 1u) << "one for all";
   if (rank != 0)  // diverge, then let the broadcast restore rank 0's start
     for (auto& v : model.param_data(0)) v += T(rank);
   reducer.broadcast_parameters(0);
