@@ -8,6 +8,7 @@
 #include "tutti/amp.h"
 #include "tutti/comm.h"
 #include "tutti/config.h"
+#include "tutti/data_parallel.h"
 #include "tutti/device.h"
 #include "tutti/dtype.h"
 #include "tutti/error.h"

@@ -1,0 +1,214 @@
+// Data parallelism: the gradient reducer.
+//
+//   tutti::Reducer reducer(tutti::world());
+//   for (auto& p : model.parameters())            // registration order
+//     reducer.add_parameter(p.name, p.value, p.grad);
+//   reducer.build();                              // plan + cross-rank check
+//   reducer.broadcast_parameters(0);              // same start everywhere
+//   for (;;) {
+//     backward(..., [&](int i) { reducer.grad_ready(i); });  // last layer first
+//     if (reducer.synchronize()) optimizer.step();            // grads averaged
+//     zero_grads();
+//   }
+//
+// The reducer packs gradients into fusion buckets (reverse registration
+// order, capped by bytes, one dtype and device each) and all-reduces a bucket
+// as soon as it is complete, while the backward pass is still running.
+// synchronize() waits for the buckets and writes the result back into every
+// registered gradient tensor in one fused pass (unflatten + divide).
+//
+// Contracts:
+//  * Every rank registers the same parameters (names, shapes, dtypes) in the
+//    same order with the same options; build() checks this and fails on
+//    EVERY rank with the first differing entry (Error kMismatch), no hang.
+//  * A "backward pass" is the grad_ready() calls between two synchronize()
+//    calls.  grad_ready(i) is called at most once per pass per parameter,
+//    when gradient i is final; parameters may become ready in any order and
+//    in different orders on different ranks (buckets are launched in bucket
+//    order on every rank, so collectives always match).
+//  * Unused parameters: a gradient not marked ready in a reducing pass
+//    contributes its current content if it was marked ready in an earlier
+//    pass of the same step (accumulation), else ZERO.  synchronize() fills
+//    and launches the missing buckets in order; no error, no deadlock.  The
+//    result is written to every registered gradient, used or not, and is the
+//    same on every rank.
+//  * Accumulation: gradients accumulate in the caller's tensors (as in
+//    PyTorch, backward adds into .grad).  Passes inside a no_sync() scope,
+//    and the first backward_passes_per_step - 1 passes of a step, do not
+//    communicate at all.  The reducer divides by the number of ranks, not
+//    by the number of passes (scale the loss by 1/passes for a mean).
+//  * Bit-identity: after a reducing synchronize() every rank holds the same
+//    bits in every gradient (each element is reduced by the backend once, or
+//    by commutative pairwise sums, then divided the same way everywhere), so
+//    a non-finite check after synchronize() (AMP loss scaling) agrees across
+//    the data-parallel group without another collective.
+//  * Memory: fusion buffers are allocated by build() and reused; steps do
+//    not allocate buffers (stats().buffer_allocations stays constant).
+//  * CUDA gradients: copies, the all-reduce (NCCL, on the communicator's
+//    stream, ordered after the caller's stream by events) and the write-back
+//    kernel are stream-ordered; the host never waits for the GPU.  The
+//    gradients are final on the stream passed to synchronize().
+//  * Threads: the methods may be called from several threads (a mutex
+//    guards the state).  While a reducing pass is in flight (first
+//    grad_ready() to synchronize()) issue no other collectives on the
+//    reducer's group: which buckets are launched at a given point may differ
+//    across ranks.  Use a split group for logging all-reduces.  A
+//    NoSyncGuard must not outlive its reducer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tutti/comm.h"
+#include "tutti/compression.h"
+#include "tutti/export.h"
+#include "tutti/process_group.h"
+#include "tutti/state.h"
+#include "tutti/tensor.h"
+
+namespace tutti {
+
+struct ReducerOptions {
+  // Bucket cap in MiB (TUTTI_BUCKET_MB; default 25).  A bucket is closed
+  // before a tensor would take it over the cap; a tensor larger than the cap
+  // gets a bucket of its own.  Must be > 0.
+  double bucket_cap_mb = 25;
+  // Cap of the first bucket of each dtype (the last layers' gradients), so
+  // communication starts early in the backward pass
+  // (TUTTI_FIRST_BUCKET_MB; default 1).  0: use bucket_cap_mb.
+  double first_bucket_cap_mb = 1;
+  // Backward passes per optimiser step: passes 1..N-1 only accumulate
+  // (no communication); the N-th pass's synchronize() reduces.  >= 1.
+  int backward_passes_per_step = 1;
+  // Hierarchical all-reduce (TUTTI_HIERARCHICAL; default off): sum within
+  // the node (reduce-scatter), across nodes (all-reduce of each shard), then
+  // share within the node (all-gather).  Nodes of unequal size use node
+  // all-reduce, all-reduce among node leaders, node broadcast instead.
+  // Ignored (with a warning) when a compressor is set.
+  bool hierarchical = false;
+  // Ranks per "node" for the hierarchical all-reduce: 0 (default) finds
+  // nodes with MPI's shared-memory split; N > 0 treats consecutive groups of
+  // N group ranks as nodes (topologies MPI cannot see, and tests).
+  int hierarchical_node_size = 0;
+  // Replaces each bucket's all-reduce (see tutti/compression.h); null: a
+  // plain sum all-reduce divided by the group size.  Requires op == kAvg.
+  // The compressor runs on the reducer's communication thread; its
+  // CompressContext::step counts reducing passes from 0 (a pass that failed
+  // consumes its number, so steps only increase).
+  std::shared_ptr<Compressor> compressor;
+  // kAvg (default): gradients are averaged over the group's ranks; kSum:
+  // summed.  Other ops are rejected.
+  ReduceOp op = ReduceOp::kAvg;
+  // Names the reducer in errors and operation names ("dp bucket 3").
+  std::string name = "dp";
+
+  // The defaults above with the TUTTI_* settings applied.
+  static ReducerOptions from_env();
+};
+
+struct ReducerStats {
+  int64_t steps = 0;                // synchronize() calls that reduced
+  int64_t accumulation_passes = 0;  // synchronize() calls that did not
+  int64_t buckets_reduced = 0;      // bucket all-reduces launched
+  int64_t buckets_launched_early = 0;  // ... of which from grad_ready()
+  int64_t bytes_reduced = 0;        // gradient bytes all-reduced (per rank)
+  int64_t unready_gradients = 0;    // gradients synchronize() filled in
+  double wait_seconds = 0;          // synchronize() blocked on communication
+  double writeback_seconds = 0;     // the fused write-back (host time)
+  int64_t buffer_allocations = 0;   // fusion/staging buffers ever allocated
+};
+
+class Reducer;
+class ReducerImpl;
+
+// While alive, backward passes accumulate locally: grad_ready() only records
+// which gradients were produced and synchronize() returns false without
+// communicating.  Nestable.  Open it between passes (not after some
+// gradients of a reducing pass were marked ready).
+class TUTTI_API NoSyncGuard {
+ public:
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  ~NoSyncGuard();
+
+ private:
+  friend class Reducer;
+  explicit NoSyncGuard(ReducerImpl* impl) : impl_(impl) {}
+  ReducerImpl* impl_;
+};
+
+class TUTTI_API Reducer {
+ public:
+  // `group` is the data-parallel group.  Options are validated here
+  // (kInvalidArgument).  Nothing collective happens before build().
+  explicit Reducer(ProcessGroupPtr group,
+                   ReducerOptions options = ReducerOptions::from_env());
+  // Waits for communication still in flight (errors are logged, not thrown).
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Registers a parameter and its gradient tensor (same numel and device;
+  // the gradient's dtype decides the bucket).  Both views must stay valid
+  // for the reducer's lifetime.  Names must be unique.  Returns the index
+  // grad_ready() takes (0, 1, 2, ... in registration order).  Before build().
+  int add_parameter(const std::string& name, const Tensor& param,
+                    const Tensor& grad);
+
+  // Collective.  Plans the buckets, checks across ranks that parameters and
+  // options agree (kMismatch on every rank naming the first difference),
+  // allocates the fusion buffers, sets up the compressor and, for the
+  // hierarchical all-reduce, splits the group.  Once.
+  void build();
+
+  // Gradient `index` is final for this pass.  In a reducing pass it is
+  // copied into its bucket (CUDA: on `stream`, a cudaStream_t) and a bucket
+  // whose gradients are all in is all-reduced asynchronously once the
+  // buckets before it were launched.  In an accumulation pass it is only
+  // recorded.  Never blocks on communication.
+  void grad_ready(int index, void* stream = nullptr);
+
+  // Ends a backward pass.  Returns true when this pass reduced: every
+  // registered gradient then holds the group average (or sum), bit-identical
+  // on every rank (CUDA: on `stream`).  Returns false for an accumulation
+  // pass (inside no_sync(), or before the backward_passes_per_step-th pass)
+  // without communicating.  Collective for reducing passes.  A failed
+  // communication rethrows here; the reducer is then ready for a new step.
+  bool synchronize(void* stream = nullptr);
+
+  // Accumulate without communicating while the guard lives.
+  NoSyncGuard no_sync();
+
+  // Collective: copies every registered parameter from `root` to the other
+  // ranks (host tensors packed into chunks of bucket_cap_mb; CUDA tensors
+  // one broadcast each, ordered on `stream`).  After build(), between steps.
+  void broadcast_parameters(int root = 0, void* stream = nullptr);
+
+  // Collective: copies `state` (optimiser state, step counters) from `root`.
+  // The lists must agree across ranks (names, dtypes, shapes): a difference
+  // is kMismatch on every rank naming the first differing entry.  The
+  // Stateful form broadcasts state_dict() and then calls on_state_loaded()
+  // on every rank but the root.
+  void broadcast_state(const StateDict& state, int root = 0,
+                       void* stream = nullptr);
+  void broadcast_state(Stateful& component, int root = 0,
+                       void* stream = nullptr);
+
+  // The bucket plan (after build()): bucket i is all-reduced i-th.
+  const std::vector<BucketLayout>& buckets() const;
+  int num_parameters() const;
+  // True when the next synchronize() will communicate.
+  bool next_pass_reduces() const;
+  const ReducerOptions& options() const;
+  const ProcessGroupPtr& group() const;
+  ReducerStats stats() const;
+
+ private:
+  std::unique_ptr<ReducerImpl> impl_;
+};
+
+}  // namespace tutti

@@ -1,0 +1,64 @@
+// A bucket's flat buffer on the host or on a CUDA device, and the copies the
+// reducer makes into and out of it.  CUDA copies are asynchronous on the
+// given stream (a cudaStream_t); host copies are plain memcpy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/host_buffer.h"
+#include "tutti/tensor.h"
+
+#if TUTTI_WITH_CUDA
+#include "core/cuda_utils.h"
+#endif
+
+namespace tutti {
+namespace dp {
+
+class FusionBuffer {
+ public:
+  FusionBuffer() = default;
+  FusionBuffer(FusionBuffer&&) = default;
+  FusionBuffer& operator=(FusionBuffer&&) = default;
+
+  // `numel` zeroed elements of `dtype` on `device`; host memory comes from
+  // `pool` (reused across rebuilds).  Returns true when it allocated fresh
+  // memory (for the allocation statistics).
+  bool allocate(Device device, DType dtype, int64_t numel, HostBufferPool& pool);
+  // Gives host memory back to the pool (device memory is freed).
+  void release(HostBufferPool& pool);
+
+  void* data() const { return data_; }
+  Device device() const { return device_; }
+  int64_t numel() const { return numel_; }
+  // The first `numel` elements as a tensor.
+  Tensor view(int64_t numel) const;
+  Tensor view() const { return view(numel_); }
+
+  // buffer[offset, offset + src.numel()) = src.
+  void copy_in(int64_t offset, const Tensor& src, void* stream);
+  // dst = buffer[offset, offset + dst.numel()).
+  void copy_out(int64_t offset, const Tensor& dst, void* stream) const;
+  // buffer[offset, offset + numel) = 0.
+  void zero(int64_t offset, int64_t numel, void* stream);
+
+ private:
+  void* at(int64_t offset) const;
+  Device device_ = Device::cpu();
+  DType dtype_ = DType::kFloat32;
+  int64_t numel_ = 0;
+  void* data_ = nullptr;
+  HostBuffer host_;
+#if TUTTI_WITH_CUDA
+  cuda::DeviceBuffer dev_;
+#endif
+};
+
+#if TUTTI_WITH_CUDA
+// A device copy of `bytes` host bytes (a chunk table), made once at build.
+cuda::DeviceBuffer upload_to_device(int device, const void* host, size_t bytes);
+#endif
+
+}  // namespace dp
+}  // namespace tutti

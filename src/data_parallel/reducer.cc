@@ -1,0 +1,316 @@
+// Reducer: options, registration, build (plan, cross-rank check, buffers),
+// broadcasts, and the public forwarding layer.  The per-step path is in
+// reducer_step.cc.
+#include <algorithm>
+
+#include "core/check.h"
+#include "data_parallel/broadcast.h"
+#include "data_parallel/list_agreement.h"
+#include "data_parallel/reducer_impl.h"
+#include "tutti/config.h"
+#include "tutti/log.h"
+
+namespace tutti {
+
+using dp::Bucket;
+using dp::Mode;
+
+ReducerOptions ReducerOptions::from_env() {
+  ReducerOptions o;
+  o.bucket_cap_mb = config::get_double("TUTTI_BUCKET_MB");
+  o.first_bucket_cap_mb = config::get_double("TUTTI_FIRST_BUCKET_MB");
+  o.hierarchical = config::get_bool("TUTTI_HIERARCHICAL");
+  return o;
+}
+
+namespace {
+
+std::string describe_tensor_entry(const std::string& name, const Tensor& t,
+                                  const Tensor* param) {
+  std::string s = detail::cat("'", name, "' ", dtype_name(t.dtype()),
+                              t.shape().str(), " ",
+                              t.is_cuda() ? "cuda" : "cpu");
+  if (param && param->dtype() != t.dtype())
+    s += detail::cat(" (parameter ", dtype_name(param->dtype()), ")");
+  return s;
+}
+
+}  // namespace
+
+ReducerImpl::ReducerImpl(ProcessGroupPtr group, ReducerOptions options)
+    : group_(std::move(group)), opt_(std::move(options)) {
+  TUTTI_ARG_CHECK(group_ != nullptr, "Reducer needs a process group, got null");
+  const std::string& n = opt_.name;
+  TUTTI_ARG_CHECK(opt_.bucket_cap_mb > 0, "Reducer '", n, "': bucket_cap_mb = ",
+                  opt_.bucket_cap_mb, " must be > 0 (TUTTI_BUCKET_MB)");
+  TUTTI_ARG_CHECK(opt_.first_bucket_cap_mb >= 0, "Reducer '", n,
+                  "': first_bucket_cap_mb = ", opt_.first_bucket_cap_mb,
+                  " must be >= 0 (0: same as bucket_cap_mb; TUTTI_FIRST_BUCKET_MB)");
+  TUTTI_ARG_CHECK(opt_.backward_passes_per_step >= 1, "Reducer '", n,
+                  "': backward_passes_per_step = ", opt_.backward_passes_per_step,
+                  " must be >= 1");
+  TUTTI_ARG_CHECK(opt_.hierarchical_node_size >= 0, "Reducer '", n,
+                  "': hierarchical_node_size = ", opt_.hierarchical_node_size,
+                  " must be >= 0 (0: MPI shared-memory split)");
+  TUTTI_ARG_CHECK(opt_.op == ReduceOp::kAvg || opt_.op == ReduceOp::kSum,
+                  "Reducer '", n, "': op ", reduce_op_name(opt_.op),
+                  " is not a gradient reduction (expected avg or sum)");
+  TUTTI_ARG_CHECK(!opt_.compressor || opt_.op == ReduceOp::kAvg, "Reducer '", n,
+                  "': a compressor returns the average; op must be avg, got ",
+                  reduce_op_name(opt_.op));
+  if (opt_.compressor && opt_.hierarchical)
+    TUTTI_LOG(kWarn) << "Reducer '" << n << "': compressor '"
+                     << opt_.compressor->name()
+                     << "' replaces the all-reduce; hierarchical is ignored";
+}
+
+ReducerImpl::~ReducerImpl() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step_in_flight()) {
+    TUTTI_LOG(kWarn) << "Reducer '" << opt_.name
+                     << "' destroyed in the middle of a step; waiting for the "
+                        "buckets in flight";
+    abandon_step();
+  }
+  worker_.reset();
+  release_buckets();
+}
+
+void ReducerImpl::release_buckets() {
+  for (auto& b : buckets_) {
+    b.buffer.release(pool_);
+    b.shard.release(pool_);
+  }
+  buckets_.clear();
+}
+
+int ReducerImpl::add_parameter(const std::string& name, const Tensor& param,
+                               const Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string ctx = detail::cat("Reducer '", opt_.name, "': add_parameter('", name, "')");
+  TUTTI_ARG_CHECK(!built_, ctx, ": the reducer is already built; register every "
+                  "parameter before build()");
+  TUTTI_ARG_CHECK(!name.empty(), ctx, ": the name must not be empty");
+  TUTTI_ARG_CHECK(by_name_.find(name) == by_name_.end(), ctx,
+                  ": a parameter of this name was already registered (#",
+                  by_name_[name], ")");
+  TUTTI_ARG_CHECK(param.defined() && grad.defined(), ctx,
+                  ": parameter ", param.str(), " and gradient ", grad.str(),
+                  " must both have memory");
+  TUTTI_ARG_CHECK(param.numel() == grad.numel(), ctx, ": gradient ", grad.str(),
+                  " has ", grad.numel(), " elements, the parameter ", param.str(),
+                  " has ", param.numel());
+  TUTTI_ARG_CHECK(param.device() == grad.device(), ctx, ": gradient on ",
+                  grad.device().str(), " but parameter on ", param.device().str());
+  dp::Param p;
+  p.name = name;
+  p.param = param;
+  p.grad = grad;
+  const int index = static_cast<int>(params_.size());
+  params_.push_back(std::move(p));
+  by_name_.emplace(name, index);
+  return index;
+}
+
+void ReducerImpl::check_plan_agrees() {
+  // The plan is a pure function of the parameter list and the caps, so
+  // agreeing on those is agreeing on the plan.
+  std::vector<std::string> options = {
+      detail::cat("bucket_cap_mb=", opt_.bucket_cap_mb),
+      detail::cat("first_bucket_cap_mb=", opt_.first_bucket_cap_mb),
+      detail::cat("backward_passes_per_step=", opt_.backward_passes_per_step),
+      detail::cat("op=", reduce_op_name(opt_.op)),
+      detail::cat("mode=", mode_name()),
+      detail::cat("hierarchical_node_size=", opt_.hierarchical_node_size),
+      detail::cat("compressor=", opt_.compressor ? opt_.compressor->name() : "none"),
+  };
+  std::vector<std::string> entries;
+  entries.reserve(params_.size());
+  for (const auto& p : params_) entries.push_back(describe_tensor_entry(p.name, p.grad, &p.param));
+  dp::check_lists_agree(*group_->cpu_communicator(),
+                        detail::cat("Reducer '", opt_.name, "' build"),
+                        {{"option", options}, {"parameter", entries}});
+}
+
+void ReducerImpl::allocate_bucket(Bucket& b) {
+  const BucketLayout& l = b.plan.layout;
+  const int64_t padded = hier_ ? hier_->padded_numel(l.numel) : l.numel;
+  if (b.buffer.allocate(l.device, l.dtype, padded, pool_)) ++stats_.buffer_allocations;
+  if (hier_ && hier_->shard_numel(padded) > 0 &&
+      b.shard.allocate(l.device, l.dtype, hier_->shard_numel(padded), pool_))
+    ++stats_.buffer_allocations;
+  std::vector<dp::UnflattenSlot> slots;
+  for (size_t s = 0; s < l.slots.size(); ++s) {
+    const dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
+    slots.push_back({p.grad.data(), l.slots[s].offset, p.grad.numel()});
+  }
+  b.chunks = dp::make_unflatten_chunks(l.dtype, slots);
+#if TUTTI_WITH_CUDA
+  if (l.device.is_cuda()) {
+    b.device_chunks = dp::upload_to_device(
+        l.device.index, b.chunks.data(), b.chunks.size() * sizeof(b.chunks[0]));
+    b.joined.reset(new cuda::Event());
+    ++stats_.buffer_allocations;
+  }
+#endif
+  b.pending = static_cast<int>(l.slots.size());
+}
+
+void ReducerImpl::build() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TUTTI_ARG_CHECK(!built_, "Reducer '", opt_.name, "': build() called twice");
+  std::vector<dp::ParamSpec> specs;
+  for (const auto& p : params_)
+    specs.push_back({p.name, p.grad.dtype(), p.grad.device(), p.grad.shape()});
+  auto plan = dp::plan_buckets(specs, dp::mib_to_bytes(opt_.bucket_cap_mb),
+                               dp::mib_to_bytes(opt_.first_bucket_cap_mb));
+  mode_ = opt_.compressor ? Mode::kCompressed
+          : opt_.hierarchical && group_->size() > 1 ? Mode::kHierarchical
+                                                    : Mode::kFlat;
+  check_plan_agrees();  // collective; throws on every rank or none
+  try {
+    if (mode_ == Mode::kHierarchical)
+      hier_.reset(new dp::HierarchicalAllreduce(group_, opt_.hierarchical_node_size));
+    buckets_.resize(plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Bucket& b = buckets_[i];
+      b.plan = std::move(plan[i]);
+      b.op_name = detail::cat(opt_.name, " bucket ", i);
+      for (size_t s = 0; s < b.plan.params.size(); ++s) {
+        dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
+        p.bucket = static_cast<int>(i);
+        p.offset = b.plan.layout.slots[s].offset;
+      }
+      allocate_bucket(b);
+      layouts_.push_back(b.plan.layout);
+    }
+    if (opt_.compressor)
+      for (const auto& l : layouts_) opt_.compressor->setup(l);
+    if (mode_ != Mode::kFlat)
+      worker_.reset(new dp::BucketWorker(opt_.name, static_cast<int>(buckets_.size()),
+                                         [this](int b) { run_on_worker(b); }));
+  } catch (...) {
+    // Leave the reducer unbuilt (and its memory returned) so that the
+    // caller sees one clean failure.
+    release_buckets();
+    layouts_.clear();
+    hier_.reset();
+    throw;
+  }
+  built_ = true;
+  TUTTI_LOG(kInfo) << "Reducer '" << opt_.name << "': " << params_.size()
+                   << " parameters in " << buckets_.size() << " buckets ("
+                   << mode_name() << ")";
+}
+
+const char* ReducerImpl::mode_name() const {
+  switch (mode_) {
+    case Mode::kFlat: return "flat";
+    case Mode::kHierarchical: return "hierarchical";
+    case Mode::kCompressed: return "compressed";
+  }
+  return "?";
+}
+
+void ReducerImpl::require_built(const char* what) const {
+  TUTTI_ARG_CHECK(built_, "Reducer '", opt_.name, "': ", what,
+                  " before build(); register the parameters and call build() first");
+}
+
+void ReducerImpl::broadcast_parameters(int root, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_built("broadcast_parameters()");
+  TUTTI_ARG_CHECK(!step_in_flight(), "Reducer '", opt_.name,
+                  "': broadcast_parameters() in the middle of a reducing pass; "
+                  "call it between steps");
+  std::vector<Tensor> tensors;
+  std::vector<std::string> names;
+  for (const auto& p : params_) {
+    tensors.push_back(p.param);
+    names.push_back(p.name);
+  }
+  dp::broadcast_tensors(*group_, tensors, names, root,
+                        dp::mib_to_bytes(opt_.bucket_cap_mb), pool_,
+                        opt_.name + " broadcast_parameters", stream);
+}
+
+void ReducerImpl::broadcast_state(const StateDict& state, int root, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TUTTI_ARG_CHECK(!step_in_flight(), "Reducer '", opt_.name,
+                  "': broadcast_state() in the middle of a reducing pass; call "
+                  "it between steps");
+  const std::string ctx = detail::cat("Reducer '", opt_.name, "' broadcast_state");
+  TUTTI_ARG_CHECK(root >= 0 && root < group_->size(), ctx, ": root ", root,
+                  " is not a rank of group '", group_->name(), "' of size ",
+                  group_->size());
+  std::vector<std::string> entries;
+  std::vector<Tensor> tensors;
+  std::vector<std::string> names;
+  for (const auto& nt : state) {
+    entries.push_back(describe_tensor_entry(nt.name, nt.tensor, nullptr));
+    tensors.push_back(nt.tensor);
+    names.push_back(nt.name);
+  }
+  dp::check_lists_agree(*group_->cpu_communicator(), ctx, {{"state entry", entries}});
+  dp::broadcast_tensors(*group_, tensors, names, root,
+                        dp::mib_to_bytes(opt_.bucket_cap_mb), pool_,
+                        opt_.name + " broadcast_state", stream);
+}
+
+int ReducerImpl::num_parameters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(params_.size());
+}
+
+bool ReducerImpl::next_pass_reduces() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return no_sync_depth_ == 0 && pass_in_step_ + 1 >= opt_.backward_passes_per_step;
+}
+
+ReducerStats ReducerImpl::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+// ---- public layer -----------------------------------------------------------
+
+Reducer::Reducer(ProcessGroupPtr group, ReducerOptions options)
+    : impl_(new ReducerImpl(std::move(group), std::move(options))) {}
+Reducer::~Reducer() = default;
+
+int Reducer::add_parameter(const std::string& name, const Tensor& param,
+                           const Tensor& grad) {
+  return impl_->add_parameter(name, param, grad);
+}
+void Reducer::build() { impl_->build(); }
+void Reducer::grad_ready(int index, void* stream) { impl_->grad_ready(index, stream); }
+bool Reducer::synchronize(void* stream) { return impl_->synchronize(stream); }
+NoSyncGuard Reducer::no_sync() {
+  impl_->enter_no_sync();
+  return NoSyncGuard(impl_.get());
+}
+void Reducer::broadcast_parameters(int root, void* stream) {
+  impl_->broadcast_parameters(root, stream);
+}
+void Reducer::broadcast_state(const StateDict& state, int root, void* stream) {
+  impl_->broadcast_state(state, root, stream);
+}
+void Reducer::broadcast_state(Stateful& component, int root, void* stream) {
+  impl_->broadcast_state(component.state_dict(), root, stream);
+  if (impl_->group_->rank() != root) component.on_state_loaded();
+}
+const std::vector<BucketLayout>& Reducer::buckets() const { return impl_->layouts_; }
+int Reducer::num_parameters() const { return impl_->num_parameters(); }
+bool Reducer::next_pass_reduces() const { return impl_->next_pass_reduces(); }
+const ReducerOptions& Reducer::options() const { return impl_->opt_; }
+const ProcessGroupPtr& Reducer::group() const { return impl_->group_; }
+ReducerStats Reducer::stats() const { return impl_->stats(); }
+
+NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept : impl_(other.impl_) {
+  other.impl_ = nullptr;
+}
+NoSyncGuard::~NoSyncGuard() {
+  if (impl_) impl_->exit_no_sync();
+}
+
+}  // namespace tutti

@@ -1,0 +1,128 @@
+// The reducer's state.  reducer.cc holds registration, planning and the
+// collective helpers (build, broadcasts); reducer_step.cc the per-step path
+// (grad_ready, launch, synchronize, write-back).
+//
+// Step protocol (per rank; every rank follows the same sequence):
+//  * a reducing pass copies each ready gradient into its bucket; a bucket
+//    whose slots are all filled is launched, but only once every bucket
+//    before it was launched (next_launch_), so launch order == bucket order
+//    on every rank whatever order gradients arrive in;
+//  * synchronize() fills the slots never marked ready (accumulated grad if
+//    used earlier in the step, else zeros), launches the remaining buckets
+//    in order, then waits for and writes back bucket 0, 1, ... (write-back
+//    of bucket k overlaps the communication of buckets > k);
+//  * accumulation passes touch only the seen/used flags.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "data_parallel/bucket_plan.h"
+#include "data_parallel/bucket_worker.h"
+#include "data_parallel/fusion_buffer.h"
+#include "data_parallel/hierarchical.h"
+#include "data_parallel/unflatten.h"
+#include "tutti/data_parallel.h"
+
+namespace tutti {
+namespace dp {
+
+enum class Mode {
+  kFlat,          // one async sum all-reduce per bucket on the group
+  kHierarchical,  // node / cross-node collectives on the worker thread
+  kCompressed,    // the Compressor on the worker thread
+};
+
+struct Param {
+  std::string name;
+  Tensor param;
+  Tensor grad;
+  int bucket = -1;
+  int64_t offset = 0;  // element offset in the bucket
+  bool seen = false;   // marked ready in this pass (outside no_sync)
+  bool used = false;   // marked ready since the last reducing pass
+};
+
+struct Bucket {
+  PlannedBucket plan;
+  std::string op_name;  // "dp bucket 3"
+  FusionBuffer buffer;  // plan.layout.numel, padded for the hierarchical scheme
+  FusionBuffer shard;   // hierarchical scratch (equal nodes only)
+  std::vector<kernels::UnflattenChunk> chunks;
+#if TUTTI_WITH_CUDA
+  cuda::DeviceBuffer device_chunks;     // the chunk table, for the kernel
+  std::unique_ptr<cuda::Event> joined;  // joins a second producer stream
+#endif
+  int pending = 0;          // slots not yet filled in this pass
+  void* stream = nullptr;   // CUDA: stream the bucket is ordered on
+  bool stream_set = false;
+  int64_t launch_step = 0;  // step number handed to the compressor
+  WorkPtr work;             // kFlat: the all-reduce in flight
+};
+
+}  // namespace dp
+
+class ReducerImpl {
+ public:
+  ReducerImpl(ProcessGroupPtr group, ReducerOptions options);
+  ~ReducerImpl();
+
+  int add_parameter(const std::string& name, const Tensor& param,
+                    const Tensor& grad);
+  void build();
+  void grad_ready(int index, void* stream);
+  bool synchronize(void* stream);
+  void enter_no_sync();
+  void exit_no_sync();
+  void broadcast_parameters(int root, void* stream);
+  void broadcast_state(const StateDict& state, int root, void* stream);
+  bool next_pass_reduces() const;
+  int num_parameters() const;
+  ReducerStats stats() const;
+
+  ProcessGroupPtr group_;
+  ReducerOptions opt_;
+  std::vector<BucketLayout> layouts_;
+
+ private:
+  // reducer_step.cc
+  void mark_filled(dp::Bucket& b, bool early);
+  void launch(int bucket, bool early);
+  void run_on_worker(int bucket);
+  void fill_missing(dp::Bucket& b, void* stream);
+  void set_stream(dp::Bucket& b, void* stream);
+  void wait_bucket(int bucket);
+  void write_back(dp::Bucket& b, void* stream);
+  void abandon_step() noexcept;
+  void reset_step();
+  int64_t divisor() const;
+  // reducer.cc
+  void check_plan_agrees();
+  void allocate_bucket(dp::Bucket& b);
+  void release_buckets();
+  bool step_in_flight() const { return filled_in_pass_ > 0; }
+  void require_built(const char* what) const;
+  const char* mode_name() const;
+
+  mutable std::mutex mu_;
+  std::vector<dp::Param> params_;
+  std::unordered_map<std::string, int> by_name_;
+  std::vector<dp::Bucket> buckets_;
+  dp::Mode mode_ = dp::Mode::kFlat;
+  bool built_ = false;
+  int next_launch_ = 0;      // buckets [0, next_launch_) launched this pass
+  int filled_in_pass_ = 0;   // slots filled in this reducing pass
+  int seen_in_pass_ = 0;     // grad_ready calls in this pass (outside no_sync)
+  int pass_in_step_ = 0;     // completed accumulation passes of this step
+  int no_sync_depth_ = 0;
+  int64_t step_ = 0;
+  ReducerStats stats_;
+  HostBufferPool pool_;
+  std::unique_ptr<dp::HierarchicalAllreduce> hier_;
+  std::unique_ptr<dp::BucketWorker> worker_;  // declared last: stops first
+};
+
+}  // namespace tutti

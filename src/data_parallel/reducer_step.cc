@@ -1,0 +1,256 @@
+// The per-step path of the reducer: grad_ready -> copy into the bucket ->
+// in-order launch -> synchronize: fill unready slots, launch the rest, wait,
+// fused write-back.  See reducer_impl.h for the protocol.
+#include <chrono>
+
+#include "core/check.h"
+#include "data_parallel/reducer_impl.h"
+#include "tutti/log.h"
+
+namespace tutti {
+
+using dp::Bucket;
+using dp::Mode;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int64_t ReducerImpl::divisor() const {
+  if (mode_ == Mode::kCompressed || opt_.op == ReduceOp::kSum) return 1;
+  return group_->size();
+}
+
+// CUDA: a bucket is ordered on the stream of its first producer; a copy made
+// on another stream is joined into it with an event, so the launch (which
+// waits for b.stream) sees every copy.
+void ReducerImpl::set_stream(Bucket& b, void* stream) {
+  if (!b.stream_set) {
+    b.stream = stream;
+    b.stream_set = true;
+    return;
+  }
+  if (b.stream == stream || !b.plan.layout.device.is_cuda()) return;
+#if TUTTI_WITH_CUDA
+  cuda::DeviceGuard g(b.plan.layout.device.index);
+  b.joined->record(static_cast<cudaStream_t>(stream));
+  TUTTI_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(b.stream),
+                                       b.joined->get(), 0));
+#endif
+}
+
+void ReducerImpl::grad_ready(int index, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_built("grad_ready()");
+  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(params_.size()),
+                  "Reducer '", opt_.name, "': grad_ready(", index,
+                  "): no such parameter (", params_.size(), " registered)");
+  dp::Param& p = params_[static_cast<size_t>(index)];
+  p.used = true;
+  if (no_sync_depth_ > 0) return;
+  TUTTI_ARG_CHECK(!p.seen, "Reducer '", opt_.name, "': grad_ready('", p.name,
+                  "') called twice in one backward pass; call synchronize() at "
+                  "the end of every backward pass (backward_passes_per_step = ",
+                  opt_.backward_passes_per_step, " counts those calls)");
+  p.seen = true;
+  ++seen_in_pass_;
+  if (pass_in_step_ + 1 < opt_.backward_passes_per_step) return;  // accumulate
+  Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+  try {
+    b.buffer.copy_in(p.offset, p.grad, stream);
+    set_stream(b, stream);
+    ++filled_in_pass_;
+    mark_filled(b, true);
+  } catch (...) {
+    abandon_step();
+    throw;
+  }
+}
+
+void ReducerImpl::mark_filled(Bucket& b, bool early) {
+  --b.pending;
+  while (next_launch_ < static_cast<int>(buckets_.size()) &&
+         buckets_[static_cast<size_t>(next_launch_)].pending == 0)
+    launch(next_launch_++, early);
+}
+
+void ReducerImpl::launch(int index, bool early) {
+  Bucket& b = buckets_[static_cast<size_t>(index)];
+  b.launch_step = step_;
+  ++stats_.buckets_reduced;
+  if (early) ++stats_.buckets_launched_early;
+  stats_.bytes_reduced += static_cast<int64_t>(b.plan.bytes);
+  if (mode_ != Mode::kFlat) {
+    worker_->enqueue(index);
+    return;
+  }
+  if (group_->size() == 1) return;  // the sum over one rank is the bucket
+  OpOptions o;
+  o.name = b.op_name;
+  o.stream = b.stream;
+  b.work = group_->allreduce_async(b.buffer.view(b.plan.layout.numel),
+                                   ReduceOp::kSum, o);
+}
+
+// On the worker thread: reads only what launch() wrote before enqueue().
+void ReducerImpl::run_on_worker(int index) {
+  Bucket& b = buckets_[static_cast<size_t>(index)];
+  if (mode_ == Mode::kCompressed) {
+    CompressContext ctx;
+    ctx.comm = group_.get();
+    ctx.step = b.launch_step;
+    ctx.stream = b.stream;
+    opt_.compressor->allreduce(index, b.buffer.view(b.plan.layout.numel), ctx);
+    return;
+  }
+  hier_->allreduce_sum(b.buffer.view(), b.shard.view(), b.op_name, b.stream);
+}
+
+void ReducerImpl::fill_missing(Bucket& b, void* stream) {
+  if (b.pending == 0) return;
+  if (!b.stream_set) set_stream(b, stream);
+  for (int index : b.plan.params) {
+    dp::Param& p = params_[static_cast<size_t>(index)];
+    if (p.seen) continue;
+    // Used in an earlier pass of this step: its accumulated gradient counts.
+    // Never used: it contributes zero on this rank.
+    if (p.used)
+      b.buffer.copy_in(p.offset, p.grad, b.stream);
+    else
+      b.buffer.zero(p.offset, p.grad.numel(), b.stream);
+    p.seen = true;
+    --b.pending;
+    ++filled_in_pass_;
+    ++stats_.unready_gradients;
+  }
+}
+
+void ReducerImpl::wait_bucket(int index) {
+  Bucket& b = buckets_[static_cast<size_t>(index)];
+  if (mode_ != Mode::kFlat)
+    worker_->wait(index);
+  else if (b.work)
+    b.work->wait();
+}
+
+void ReducerImpl::write_back(Bucket& b, void* stream) {
+  const BucketLayout& l = b.plan.layout;
+  if (l.device.is_cpu()) {
+    dp::unflatten_scale_cpu(b.buffer.data(), l.dtype, b.chunks.data(),
+                            b.chunks.size(), divisor());
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  cuda::DeviceGuard g(l.device.index);
+  const cudaStream_t s = static_cast<cudaStream_t>(b.stream);
+  kernels::launch_unflatten_scale(
+      b.buffer.data(), l.dtype,
+      static_cast<const kernels::UnflattenChunk*>(b.device_chunks.data()),
+      static_cast<int>(b.chunks.size()), divisor(), s);
+  if (stream != b.stream) {  // the caller consumes the gradients on `stream`
+    b.joined->record(s);
+    TUTTI_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                         b.joined->get(), 0));
+  }
+#else
+  (void)stream;
+#endif
+}
+
+bool ReducerImpl::synchronize(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_built("synchronize()");
+  if (no_sync_depth_ > 0) {
+    ++stats_.accumulation_passes;
+    return false;
+  }
+  if (pass_in_step_ + 1 < opt_.backward_passes_per_step) {
+    ++pass_in_step_;
+    for (auto& p : params_) p.seen = false;
+    seen_in_pass_ = 0;
+    ++stats_.accumulation_passes;
+    return false;
+  }
+  try {
+    // Unready gradients, then every bucket not launched yet, in order: the
+    // same sequence of collectives on every rank.
+    for (size_t i = static_cast<size_t>(next_launch_); i < buckets_.size(); ++i)
+      fill_missing(buckets_[i], stream);
+    while (next_launch_ < static_cast<int>(buckets_.size()))
+      launch(next_launch_++, false);
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      wait_bucket(static_cast<int>(i));
+      const auto t1 = std::chrono::steady_clock::now();
+      write_back(buckets_[i], stream);
+      stats_.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+      stats_.writeback_seconds += seconds_since(t1);
+    }
+  } catch (...) {
+    abandon_step();
+    ++step_;  // a failed pass consumes its number: steps stay increasing
+    throw;
+  }
+  reset_step();
+  ++step_;
+  ++stats_.steps;
+  return true;
+}
+
+// After a failure: let every launched bucket finish (its buffer must stay
+// untouched until then), drop the step, keep the reducer usable.
+void ReducerImpl::abandon_step() noexcept {
+  for (int i = 0; i < next_launch_; ++i) {
+    try {
+      wait_bucket(i);
+    } catch (const std::exception& e) {
+      TUTTI_LOG(kDebug) << "Reducer '" << opt_.name << "': dropping bucket " << i
+                        << " of the failed step: " << e.what();
+    }
+  }
+  try {
+    if (worker_) worker_->drain();
+    reset_step();
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kError) << "Reducer '" << opt_.name
+                      << "': could not reset after a failed step: " << e.what();
+  }
+}
+
+void ReducerImpl::reset_step() {
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.plan.params.size());
+    b.stream = nullptr;
+    b.stream_set = false;
+    b.work.reset();
+  }
+  for (auto& p : params_) {
+    p.seen = false;
+    p.used = false;
+  }
+  next_launch_ = 0;
+  filled_in_pass_ = 0;
+  seen_in_pass_ = 0;
+  pass_in_step_ = 0;
+  if (worker_) worker_->reset();
+}
+
+void ReducerImpl::enter_no_sync() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TUTTI_ARG_CHECK(seen_in_pass_ == 0, "Reducer '", opt_.name,
+                  "': no_sync() opened after ", seen_in_pass_,
+                  " gradient(s) of this backward pass were marked ready; open "
+                  "it before the backward pass");
+  ++no_sync_depth_;
+}
+
+void ReducerImpl::exit_no_sync() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (no_sync_depth_ > 0) --no_sync_depth_;
+}
+
+}  // namespace tutti
