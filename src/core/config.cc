@@ -40,8 +40,9 @@ const std::vector<SettingInfo> kSettings = {
      "Cap of the first bucket (the last layers' gradients), so communication "
      "starts early in the backward pass; 0 uses TUTTI_BUCKET_MB."},
     {"TUTTI_HIERARCHICAL", "bool", "0",
-     "Hierarchical all-reduce: reduce within the node, all-reduce across "
-     "nodes, broadcast within the node."},
+     "Hierarchical all-reduce: reduce-scatter within the node, all-reduce "
+     "across nodes, all-gather within the node (nodes of unequal size: "
+     "node all-reduce, leader all-reduce, node broadcast)."},
     // ---- compression
     {"TUTTI_COMPRESSION", "string", "none",
      "Default gradient compressor: none, fp16, bf16, topk, powersgd, onebit, "
