@@ -7,7 +7,9 @@
 // holds at most 2^31 - 1 elements.
 #include "compression/topk.h"
 
+#include <algorithm>
 #include <array>
+#include <functional>
 #include <cmath>
 
 #include "core/check.h"
@@ -49,27 +51,31 @@ uint32_t pick_bin(const std::array<int64_t, N>& hist, int64_t* remaining,
 
 }  // namespace
 
-TopkThreshold topk_threshold_cpu(const float* x, int64_t n, int64_t k,
-                                 std::vector<uint32_t>* scratch) {
-  TUTTI_CHECK(k >= 1 && k <= n, "topk: k = ", k, " for ", n, " elements");
+namespace {
+
+// Radix select over m keys given by key_at(i).
+template <typename KeyAt>
+TopkThreshold radix_threshold(KeyAt key_at, int64_t m, int64_t k,
+                              std::vector<uint32_t>* keys) {
+  TUTTI_CHECK(k >= 1 && k <= m, "topk: k = ", k, " for ", m, " elements");
   int64_t remaining = k, above = 0;
-  // Level 0: bits 30..20 over every element.
+  // Level 0: bits 30..20 over every key.
   std::array<int64_t, 2048> h0{};
-  for (int64_t i = 0; i < n; ++i) ++h0[topk_key(x[i]) >> 20];
+  for (int64_t i = 0; i < m; ++i) ++h0[key_at(i) >> 20];
   const uint32_t b0 = pick_bin(h0, &remaining, &above);
-  // The candidates' keys (the bin usually holds a small fraction).
-  scratch->clear();
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t key = topk_key(x[i]);
-    if ((key >> 20) == b0) scratch->push_back(key);
+  // The keys in the chosen bin (usually a small fraction).
+  keys->clear();
+  for (int64_t i = 0; i < m; ++i) {
+    const uint32_t key = key_at(i);
+    if ((key >> 20) == b0) keys->push_back(key);
   }
-  // Levels 1 and 2: bits 19..10, then 9..0, over the candidates.
+  // Levels 1 and 2: bits 19..10, then 9..0, over those keys.
   std::array<int64_t, 1024> h1{};
-  for (uint32_t key : *scratch) ++h1[(key >> 10) & 1023u];
+  for (uint32_t key : *keys) ++h1[(key >> 10) & 1023u];
   const uint32_t b1 = pick_bin(h1, &remaining, &above);
   const uint32_t high = (b0 << 10) | b1;
   std::array<int64_t, 1024> h2{};
-  for (uint32_t key : *scratch)
+  for (uint32_t key : *keys)
     if ((key >> 10) == high) ++h2[key & 1023u];
   const uint32_t b2 = pick_bin(h2, &remaining, &above);
   TopkThreshold t;
@@ -79,11 +85,14 @@ TopkThreshold topk_threshold_cpu(const float* x, int64_t n, int64_t k,
   return t;
 }
 
-void topk_select_cpu(float* x, int64_t n, int64_t k, uint32_t* indices,
-                     float* values, std::vector<uint32_t>* scratch) {
-  const TopkThreshold t = topk_threshold_cpu(x, n, k, scratch);
+// Writes the pairs of the elements x[at(j)], j < m (at() ascending), that
+// pass threshold t, and zeroes them.
+template <typename At>
+void emit(float* x, int64_t m, At at, const TopkThreshold& t,
+          uint32_t* indices, float* values) {
   int64_t a = 0, e = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t i = at(j);
     const uint32_t key = topk_key(x[i]);
     if (key > t.key) {
       indices[a] = static_cast<uint32_t>(i);
@@ -99,6 +108,52 @@ void topk_select_cpu(float* x, int64_t n, int64_t k, uint32_t* indices,
   }
   TUTTI_CHECK(a == t.above && e == t.ties, "topk: selected ", a, " + ", e,
               ", expected ", t.above, " + ", t.ties);
+}
+
+// A key at or below the k-th largest with high probability, from a strided
+// sample: the sample's (2 s_k + 64)-th largest, s_k the sample rank of k.
+uint32_t sampled_lower_bound(const float* x, int64_t n, int64_t k,
+                             std::vector<uint32_t>* keys) {
+  constexpr int64_t kSample = 16384;
+  const int64_t stride = n / kSample;
+  keys->clear();
+  for (int64_t j = 0; j < kSample; ++j) keys->push_back(topk_key(x[j * stride]));
+  const int64_t sk = k * kSample / n;
+  const int64_t pos = std::min<int64_t>(kSample - 1, 2 * sk + 64);
+  std::nth_element(keys->begin(), keys->begin() + pos, keys->end(),
+                   std::greater<uint32_t>());
+  return (*keys)[pos];
+}
+
+}  // namespace
+
+TopkThreshold topk_threshold_cpu(const float* x, int64_t n, int64_t k,
+                                 TopkScratch* scratch) {
+  return radix_threshold([x](int64_t i) { return topk_key(x[i]); }, n, k,
+                         &scratch->keys);
+}
+
+void topk_select_cpu(float* x, int64_t n, int64_t k, uint32_t* indices,
+                     float* values, TopkScratch* scratch) {
+  if (n >= (int64_t{1} << 16) && k * 8 <= n) {
+    const uint32_t low = sampled_lower_bound(x, n, k, &scratch->keys);
+    std::vector<uint32_t>& cand = scratch->candidates;
+    cand.clear();
+    for (int64_t i = 0; i < n; ++i)
+      if (topk_key(x[i]) >= low) cand.push_back(static_cast<uint32_t>(i));
+    const int64_t m = static_cast<int64_t>(cand.size());
+    if (m >= k) {
+      // Every element at or above the k-th largest key is a candidate, so
+      // the threshold and the selection over the candidates are exact.
+      const TopkThreshold t = radix_threshold(
+          [&](int64_t j) { return topk_key(x[cand[j]]); }, m, k, &scratch->keys);
+      emit(x, m, [&](int64_t j) { return static_cast<int64_t>(cand[j]); }, t,
+           indices, values);
+      return;
+    }
+  }
+  const TopkThreshold t = topk_threshold_cpu(x, n, k, scratch);
+  emit(x, n, [](int64_t i) { return i; }, t, indices, values);
 }
 
 void topk_scatter_add_cpu(const uint32_t* indices, const float* values,
@@ -128,7 +183,7 @@ class TopkCompressor final : public BucketCompressor {
     GatherExchange pairs;  // uint32[2k] per rank: indices, then value bits
     DeviceArray acc;       // float32[numel] unless the bucket is float32
     DeviceArray workspace; // CUDA selection workspace
-    std::vector<uint32_t> scratch;
+    TopkScratch scratch;
   };
 
   void on_setup(const BucketLayout& l) override {

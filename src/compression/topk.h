@@ -34,18 +34,29 @@ struct TopkThreshold {
   int64_t ties = 0;
 };
 
-// CPU reference of the selection (radix select on the key: an 11-bit
+// Reused between calls so the hot path does not allocate once warm.
+struct TopkScratch {
+  std::vector<uint32_t> keys;        // radix candidates
+  std::vector<uint32_t> candidates;  // sampled pre-selection (indices)
+};
+
+// CPU reference of the threshold: radix select on the key, an 11-bit
 // histogram over all elements, then 10 + 10 bits over the candidates in the
-// chosen bin; no sort).  `scratch` holds candidates between calls.
+// chosen bin; no sort.
 TopkThreshold topk_threshold_cpu(const float* x, int64_t n, int64_t k,
-                                 std::vector<uint32_t>* scratch);
+                                 TopkScratch* scratch);
 
 // Selects the top-k of x (ties to the lowest index), writes their indices
 // and values -- the elements above the threshold in index order, then the
 // tied ones in index order -- and zeroes them in x, which becomes the new
-// residual.  k in [1, n].
+// residual.  k in [1, n].  Large inputs with a small k first estimate a
+// lower bound of the threshold from a strided sample and keep the elements
+// at or above it (one pass); the exact radix select and the selection then
+// run on those candidates only.  When the sample under-estimates (fewer
+// than k candidates) the full two-pass radix path runs instead; both paths
+// give exactly the same output.
 void topk_select_cpu(float* x, int64_t n, int64_t k, uint32_t* indices,
-                     float* values, std::vector<uint32_t>* scratch);
+                     float* values, TopkScratch* scratch);
 
 // out[indices[j]] += values[j] for one rank's pairs (indices distinct).
 void topk_scatter_add_cpu(const uint32_t* indices, const float* values,

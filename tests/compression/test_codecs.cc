@@ -43,7 +43,7 @@ TEST(TopkCodec, CountClampsToOneAndN) {
 
 // The selection equals a stable sort by (|x| descending, index ascending).
 TEST(TopkCodec, SelectionMatchesFullSortOracleWithTies) {
-  std::vector<uint32_t> scratch;
+  TopkScratch scratch;
   for (int64_t n : {1, 2, 7, 33, 1000, 4097, 100003}) {
     for (int ties : {0, 1}) {
       for (int64_t k : {int64_t{1}, std::max<int64_t>(1, n / 100), n / 2 + 1, n}) {
@@ -83,9 +83,30 @@ TEST(TopkCodec, SelectionMatchesFullSortOracleWithTies) {
   }
 }
 
+// The sampled pre-selection over-estimates the threshold when the large
+// values sit exactly on the sample positions: the exact path must take over.
+TEST(TopkCodec, SampledPreselectionFallsBackWhenTheSampleMisleads) {
+  const int64_t n = 200000, stride = n / 16384, k = 20000;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = (i % stride == 0 ? 100.0f : 1.0f) + i * 1e-6f;
+  std::vector<float> x0 = x;
+  std::vector<uint32_t> idx(k);
+  std::vector<float> val(k);
+  TopkScratch scratch;
+  topk_select_cpu(x.data(), n, k, idx.data(), val.data(), &scratch);
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return topk_key(x0[a]) > topk_key(x0[b]); });
+  std::vector<uint32_t> want(order.begin(), order.begin() + k), got = idx;
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+}
+
 TEST(TopkCodec, ThresholdCountsAboveAndTies) {
   std::vector<float> x = {1, -3, 2, 2, -2, 0, 5};
-  std::vector<uint32_t> scratch;
+  TopkScratch scratch;
   const TopkThreshold t = topk_threshold_cpu(x.data(), 7, 3, &scratch);
   EXPECT_EQ(t.key, topk_key(2.0f));
   EXPECT_EQ(t.above, 2);  // 5, -3
@@ -94,7 +115,8 @@ TEST(TopkCodec, ThresholdCountsAboveAndTies) {
 
 TEST(TopkCodec, NaNIsSelectedFirst) {
   std::vector<float> x = {1, NAN, 3, -INFINITY};
-  std::vector<uint32_t> idx(2), scratch;
+  std::vector<uint32_t> idx(2);
+  TopkScratch scratch;
   std::vector<float> val(2);
   topk_select_cpu(x.data(), 4, 2, idx.data(), val.data(), &scratch);
   EXPECT_EQ(idx[0], 1u);

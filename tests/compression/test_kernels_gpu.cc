@@ -142,7 +142,7 @@ void gpu_topk_select(float* x, int64_t n, int64_t k, uint32_t* idx, float* val) 
 }
 
 TEST_F(GpuKernels, TopkSelectionMatchesCpuExactly) {
-  std::vector<uint32_t> scratch;
+  TopkScratch scratch;
   for (int64_t n : kSizes)
     for (bool ties : {false, true})
       for (int64_t k : {int64_t{1}, std::max<int64_t>(1, n / 100), n}) {
