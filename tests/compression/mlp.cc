@@ -176,9 +176,12 @@ TrainResult train(Compressor& compressor, Communicator& comm,
     model.sgd_step(lr, o.momentum);
     comm.allreduce(Tensor::of(&loss, 1), ReduceOp::kAvg);
     r.train_loss.push_back(loss);
+    if (o.on_step && o.on_step(step, loss)) break;
   }
-  task.batch(~0ull, o.eval_samples, &x, &y);  // the same on every rank
-  r.final_eval_loss = model.forward(x.data(), y.data(), o.eval_samples, false);
+  if (o.eval_samples > 0) {
+    task.batch(~0ull, o.eval_samples, &x, &y);  // the same on every rank
+    r.final_eval_loss = model.forward(x.data(), y.data(), o.eval_samples, false);
+  }
   r.final_params.assign(model.params(), model.params() + model.num_params());
   return r;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,8 +78,11 @@ struct TrainOptions {
   bool lr_decay = true;
   float momentum = 0.9f;
   int64_t bucket_cap_bytes = 16 << 10;
-  int64_t eval_samples = 2048;
+  int64_t eval_samples = 2048;  // 0: no final evaluation
   uint64_t seed = 42;
+  // Called after every step with the rank-averaged training loss (the same
+  // on every rank); returning true stops training there.
+  std::function<bool(int64_t step, float loss)> on_step;
 };
 struct TrainResult {
   float final_eval_loss = 0;
