@@ -106,14 +106,7 @@ class AutoCompressor final : public BucketCompressor {
           : s.choice == static_cast<int64_t>(AutoChoice::kPowerSgd)
               ? static_cast<BucketCompressor*>(psgd_.get())
               : none_.get();
-      const CompressStats before = inner->stats();
-      inner->allreduce(id, bucket, ctx);
-      const CompressStats after = inner->stats();
-      StepTimes t;
-      t.encode = after.encode_seconds - before.encode_seconds;
-      t.comm = after.comm_seconds - before.comm_seconds;
-      t.decode = after.decode_seconds - before.decode_seconds;
-      clock.absorb(t);
+      inner->step(id, bucket, ctx, clock);
       return;
     }
     probe(id, s, bucket, ctx);
@@ -155,7 +148,7 @@ class AutoCompressor final : public BucketCompressor {
     const double t_cast = now_seconds() - t0;
     const double t_psgd =
         psgd_->compressed_slots(id) > 0 ? psgd_->measure_compute(id, bucket, st) : 0;
-    psgd_->release_scratch();
+    psgd_->release_scratch(id);
     if (probe_steps_ > 1 && steps_done(id) == 0) return;  // warm-up
     keep_min(&s.measure[kSmall], t_small);
     keep_min(&s.measure[kBig], t_big);

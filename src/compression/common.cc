@@ -352,8 +352,8 @@ const BucketLayout& BucketCompressor::layout(int id) const {
 
 int64_t BucketCompressor::steps_done(int id) const { return bucket(id).steps; }
 
-void BucketCompressor::allreduce(int id, const Tensor& t,
-                                 const CompressContext& ctx) {
+void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
+                            PhaseClock& clock) {
   bucket(id);  // throws for an unknown id
   Bucket& b = buckets_.find(id)->second;
   const BucketLayout& l = b.layout;
@@ -366,20 +366,23 @@ void BucketCompressor::allreduce(int id, const Tensor& t,
                   "] ", l.device.str());
   TUTTI_ARG_CHECK(t.data() != nullptr || t.numel() == 0, name_,
                   " compressor: bucket ", id, " has no data");
+  if (t.numel() > 0) run(id, t, ctx, clock);
+  b.steps += 1;
+}
+
+void BucketCompressor::allreduce(int id, const Tensor& t,
+                                 const CompressContext& ctx) {
   // What this step sends, decided before run() changes any state.
-  const Payload p = payload(id, ctx.step);
+  const Payload p = t.numel() > 0 ? payload(id, ctx.step) : Payload();
   StepTimes times;
-  if (t.numel() > 0) {
-    PhaseClock clock(&times);
-    run(id, t, ctx, clock);
-  }
+  PhaseClock clock(&times);
+  step(id, t, ctx, clock);
   Payload plain;
   plain.allreduce_bytes = t.nbytes();
   const int w = ctx.comm->size();
-  b.steps += 1;
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.uncompressed_bytes += wire_bytes(plain, w);
-  stats_.wire_bytes += t.numel() > 0 ? wire_bytes(p, w) : 0;
+  stats_.wire_bytes += wire_bytes(p, w);
   stats_.encode_seconds += times.encode;
   stats_.comm_seconds += times.comm;
   stats_.decode_seconds += times.decode;

@@ -149,14 +149,6 @@ class PhaseClock {
   void encode() { t_->encode += lap(); }
   void comm() { t_->comm += lap(); }
   void decode() { t_->decode += lap(); }
-  // Adds phase times measured elsewhere (a delegate compressor's) and
-  // restarts the lap.
-  void absorb(const StepTimes& t) {
-    t_->encode += t.encode;
-    t_->comm += t.comm;
-    t_->decode += t.decode;
-    lap();
-  }
 
  private:
   double lap() {
@@ -188,6 +180,11 @@ class BucketCompressor : public Compressor {
   void on_state_loaded() override {}
   CompressStats stats() const override;
   void reset_stats() override;
+
+  // allreduce() without the stats: one step of bucket `id` whose phase
+  // times go to `clock` (how auto runs the compressor it chose).
+  void step(int id, const Tensor& bucket, const CompressContext& ctx,
+            PhaseClock& clock);
 
   // What one step of bucket `id` at optimiser step `step` contributes.
   virtual Payload payload(int id, int64_t step) const = 0;

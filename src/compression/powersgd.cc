@@ -295,25 +295,26 @@ double PowerSgdCompressor::measure_compute(int id, const Tensor& bucket,
                                            void* stream) {
   State& s = states_.at(id);
   const Device dev = bucket.device();
-  scratch_.clear();
-  scratch_.emplace_back(dev, bucket.nbytes());                         // grad
-  scratch_.emplace_back(dev, static_cast<size_t>(s.res_total) * 4);    // residual
-  scratch_.emplace_back(dev, static_cast<size_t>(s.q_total) * 4);      // q
-  scratch_.emplace_back(dev, s.pbuf.bytes());                          // pbuf
-  copy_bytes(dev, scratch_[0].data(), bucket.data(), bucket.nbytes(), stream);
-  copy_bytes(dev, scratch_[2].data(), s.q.data(), s.q.bytes(), stream);
-  Tensor g(scratch_[0].data(), bucket.dtype(), bucket.shape(), dev);
+  std::vector<DeviceArray>& p = s.probe;
+  p.clear();
+  p.emplace_back(dev, bucket.nbytes());                       // grad
+  p.emplace_back(dev, static_cast<size_t>(s.res_total) * 4);  // residual
+  p.emplace_back(dev, static_cast<size_t>(s.q_total) * 4);    // q
+  p.emplace_back(dev, s.pbuf.bytes());                        // pbuf
+  copy_bytes(dev, p[0].data(), bucket.data(), bucket.nbytes(), stream);
+  copy_bytes(dev, p[2].data(), s.q.data(), s.q.bytes(), stream);
+  Tensor g(p[0].data(), bucket.dtype(), bucket.shape(), dev);
   sync_stream(dev, stream);
   const double t0 = now_seconds();
   CompressContext ctx;
   ctx.stream = stream;
-  compressed_step(id, s, g, scratch_[1].as<float>(), scratch_[2].as<float>(),
-                  scratch_[3].as<float>(), nullptr, &ctx, nullptr);
+  compressed_step(id, s, g, p[1].as<float>(), p[2].as<float>(),
+                  p[3].as<float>(), nullptr, &ctx, nullptr);
   sync_stream(dev, stream);
   return now_seconds() - t0;
 }
 
-void PowerSgdCompressor::release_scratch() { scratch_.clear(); }
+void PowerSgdCompressor::release_scratch(int id) { states_.at(id).probe.clear(); }
 
 }  // namespace compression
 }  // namespace tutti

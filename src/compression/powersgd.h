@@ -76,8 +76,8 @@ class PowerSgdCompressor final : public BucketCompressor {
   // (the encode/decode cost auto weighs against the link), measured on
   // scratch copies: the compressor's state is untouched.
   double measure_compute(int id, const Tensor& bucket, void* stream);
-  // Frees the scratch measure_compute() allocated.
-  void release_scratch();
+  // Frees the scratch measure_compute() allocated for bucket `id`.
+  void release_scratch(int id);
 
  protected:
   void on_setup(const BucketLayout& layout) override;
@@ -106,6 +106,7 @@ class PowerSgdCompressor final : public BucketCompressor {
     DeviceArray q;         // float32[q_total]
     DeviceArray pbuf;      // float32[plain_total + p_total]
     DeviceArray qt;        // CPU: float32[max_nr] decompression scratch
+    std::vector<DeviceArray> probe;  // measure_compute()'s copies
   };
   // One compressed step's arithmetic on explicit buffers (run() and
   // measure_compute() share it); comm == nullptr skips the all-reduces.
@@ -115,7 +116,6 @@ class PowerSgdCompressor final : public BucketCompressor {
 
   PowerSgdOptions opt_;
   std::map<int, State> states_;
-  std::vector<DeviceArray> scratch_;
 };
 
 }  // namespace compression
