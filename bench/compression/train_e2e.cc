@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     }
     return false;
   };
-  tutti::test::train(*comp, *w, o);
+  tutti::test::train(comp, w, o);
   const double total = now() - t0;
   const tutti::CompressStats st = comp->stats();
   if (rank == 0) {

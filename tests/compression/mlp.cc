@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/gemm.h"
+#include "tutti/data_parallel.h"
 
 namespace tutti {
 namespace test {
@@ -119,42 +120,26 @@ void Mlp::sgd_step(float lr, float momentum) {
   }
 }
 
-std::vector<GradBucket> make_buckets(const Mlp& model, int64_t cap_bytes) {
-  std::vector<GradBucket> out;
-  const auto& ps = model.layout();
-  int64_t end = model.num_params();  // exclusive end of the open bucket
-  int64_t begin = end;
-  std::vector<const Mlp::Param*> members;
-  auto close = [&] {
-    if (members.empty()) return;
-    GradBucket b;
-    b.offset = begin;
-    b.layout.id = static_cast<int>(out.size());
-    b.layout.numel = end - begin;
-    for (auto it = members.rbegin(); it != members.rend(); ++it)
-      b.layout.slots.push_back({(*it)->name, (*it)->offset - begin, (*it)->shape});
-    out.push_back(b);
-    members.clear();
-    end = begin;
-  };
-  for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
-    if (!members.empty() && (end - it->offset) * 4 > cap_bytes) close();
-    members.push_back(&*it);
-    begin = it->offset;
-  }
-  close();
-  return out;
-}
-
-TrainResult train(Compressor& compressor, Communicator& comm,
-                  const TrainOptions& o) {
+TrainResult train(std::shared_ptr<Compressor> compressor,
+                  const ProcessGroupPtr& group, const TrainOptions& o) {
+  Communicator& comm = *group;
   Mlp model(o.sizes, o.seed);
   TeacherTask task;
   task.inputs = o.sizes.front();
   task.classes = o.sizes.back();
   task.seed = o.seed + 1;
-  const std::vector<GradBucket> buckets = make_buckets(model, o.bucket_cap_bytes);
-  for (const GradBucket& b : buckets) compressor.setup(b.layout);
+  ReducerOptions ro;
+  ro.bucket_cap_mb = static_cast<double>(o.bucket_cap_bytes) / (1 << 20);
+  ro.first_bucket_cap_mb = 0;  // every bucket at the same cap
+  ro.compressor = std::move(compressor);
+  ro.hierarchical = false;
+  Reducer reducer(group, ro);
+  const auto& layout = model.layout();
+  for (const auto& p : layout)
+    reducer.add_parameter(p.name,
+                          Tensor(model.params() + p.offset, DType::kFloat32, p.shape),
+                          Tensor(model.grads() + p.offset, DType::kFloat32, p.shape));
+  reducer.build();
   TrainResult r;
   std::vector<float> x;
   std::vector<int32_t> y;
@@ -162,14 +147,9 @@ TrainResult train(Compressor& compressor, Communicator& comm,
     task.batch(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(comm.rank()),
                o.batch, &x, &y);
     float loss = model.forward(x.data(), y.data(), o.batch, true);
-    CompressContext ctx;
-    ctx.comm = &comm;
-    ctx.step = step;
-    for (const GradBucket& b : buckets)
-      compressor.allreduce(b.layout.id,
-                           Tensor(model.grads() + b.offset, DType::kFloat32,
-                                  Shape{b.layout.numel}),
-                           ctx);
+    // Last layer first, as autograd would report them.
+    for (int i = static_cast<int>(layout.size()) - 1; i >= 0; --i) reducer.grad_ready(i);
+    reducer.synchronize();
     const float lr = o.lr_decay ? o.lr * (1.0f - static_cast<float>(step) /
                                                    static_cast<float>(o.steps))
                                 : o.lr;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tutti/compression.h"
+#include "tutti/process_group.h"
 
 namespace tutti {
 namespace test {
@@ -57,19 +58,12 @@ class Mlp {
   std::vector<float> dz_, dh_;
 };
 
-// Gradient buckets over the parameters, the way a reducer forms them:
-// whole parameters in reverse order, each bucket at most `cap_bytes`
-// (a larger parameter gets a bucket of its own), contiguous in grads().
-struct GradBucket {
-  BucketLayout layout;
-  int64_t offset = 0;  // first element in grads()
-};
-std::vector<GradBucket> make_buckets(const Mlp& model, int64_t cap_bytes);
-
 // One training run: `steps` data-parallel SGD steps (learning rate decayed
-// linearly to zero, so the final loss is not dominated by SGD noise) on `comm` with
-// `compressor` (every bucket through compressor->allreduce), then the loss
-// of the final parameters on a fixed evaluation set.
+// linearly to zero, so the final loss is not dominated by SGD noise) on
+// `group` through tutti's data-parallel Reducer with `compressor` (null: the
+// plain averaging all-reduce), then the loss of the final parameters on a
+// fixed evaluation set.  Gradients are marked ready last layer first, as
+// autograd produces them, and the Reducer buckets them (bucket_cap_bytes).
 struct TrainOptions {
   std::vector<int64_t> sizes = {32, 64, 64, 10};
   int64_t batch = 32;  // per rank
@@ -89,8 +83,8 @@ struct TrainResult {
   std::vector<float> train_loss;  // per step, averaged over ranks
   std::vector<float> final_params;
 };
-TrainResult train(Compressor& compressor, Communicator& comm,
-                  const TrainOptions& options);
+TrainResult train(std::shared_ptr<Compressor> compressor,
+                  const ProcessGroupPtr& group, const TrainOptions& options);
 
 }  // namespace test
 }  // namespace tutti

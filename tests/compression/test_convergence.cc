@@ -35,7 +35,7 @@ const test::TrainResult& trained(const std::string& name) {
   auto it = cache.find(name);
   if (it != cache.end()) return it->second;
   auto c = make_compressor(name, options());
-  return cache[name] = test::train(*c, *world(), test::TrainOptions());
+  return cache[name] = test::train(c, world(), test::TrainOptions());
 }
 
 class Convergence : public ::testing::TestWithParam<std::string> {};
