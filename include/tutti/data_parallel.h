@@ -107,7 +107,7 @@ struct ReducerOptions {
   // The defaults above with the TUTTI_* settings applied: TUTTI_BUCKET_MB,
   // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, and TUTTI_COMPRESSION (a
   // compressor from make_compressor() unless it is "none").
-  static ReducerOptions from_env();
+  TUTTI_API static ReducerOptions from_env();
 };
 
 struct ReducerStats {
