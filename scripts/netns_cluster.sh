@@ -20,8 +20,9 @@
 #        Default subnet 10.213.0.
 #   down                 deletes the namespaces, veths, bridge and state.
 #   rate R | none        replaces the limit on every link (none: unlimited).
-#   hosts                prints the mpiexec host list "ip:1,ip:1,...".
-#   run [--np K] -- CMD  mpiexec -np K (default N) with one rank per host,
+#   hosts [--per-host S] prints the mpiexec host list "ip:S,ip:S,..." (S=1).
+#   run [--np K] [--per-host S] -- CMD
+#                        mpiexec -np K (default N*S) with S ranks per host,
 #                        TCP only on the cluster subnet, ranks launched
 #                        through the rsh agent below; extra mpiexec options
 #                        may precede CMD after "--".
@@ -142,7 +143,10 @@ cmd_rate() {
 
 cmd_hosts() {
   require_up
-  awk '{printf "%s%s:1", (NR > 1 ? "," : ""), $1} END {print ""}' "$(state_file)"
+  local slots=1
+  if [[ ${1:-} == --per-host ]]; then slots=$2; shift 2; fi
+  [[ $slots =~ ^[0-9]+$ && $slots -ge 1 ]] || die "hosts: --per-host needs a positive integer"
+  awk -v s="$slots" '{printf "%s%s:%d", (NR > 1 ? "," : ""), $1, s} END {print ""}' "$(state_file)"
 }
 
 cmd_rsh() {
@@ -163,14 +167,17 @@ cmd_exec() {
 
 cmd_run() {
   require_up
-  local np
-  np=$(wc -l <"$(state_file)")
-  if [[ ${1:-} == --np ]]; then np=$2; shift 2; fi
+  local np="" per_host=1
+  while [[ ${1:-} == --np || ${1:-} == --per-host ]]; do
+    if [[ $1 == --np ]]; then np=$2; else per_host=$2; fi
+    shift 2
+  done
+  [[ -n $np ]] || np=$(( $(wc -l <"$(state_file)") * per_host ))
   [[ ${1:-} == -- ]] && shift
   local subnet
   subnet=$(cat "$STATE_ROOT/$PREFIX.subnet")
   exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpiexec -np "$np" --host "$(cmd_hosts)" \
+    mpiexec -np "$np" --host "$(cmd_hosts --per-host "$per_host")" \
     --mca plm_rsh_agent "$(agent_file)" --mca plm_rsh_no_tree_spawn 1 \
     --mca btl tcp,self --mca btl_tcp_if_include "$subnet" \
     --mca oob_tcp_if_include "$subnet" \
@@ -197,7 +204,7 @@ main() {
     up) cmd_up "$@" ;;
     down) cmd_down ;;
     rate) cmd_rate "$@" ;;
-    hosts) cmd_hosts ;;
+    hosts) cmd_hosts "$@" ;;
     run) cmd_run "$@" ;;
     rsh) cmd_rsh "$@" ;;
     exec) cmd_exec "$@" ;;
