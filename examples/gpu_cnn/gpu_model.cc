@@ -147,22 +147,18 @@ const char* math_name(cudnnMathType_t m) {
 
 // The first (fastest measured) algorithm that ran successfully, preferring
 // plain float32 FMA kernels, then the default math (which may use TF32
-// tensor cores on Ampere and later), then whatever worked.  cudnnFind*
-// reports results of several math types whatever the descriptor says, so
-// the caller sets the chosen math type on the descriptor it runs with.
+// tensor cores on Ampere and later), then whatever worked; null if none
+// did.  cudnnFind* reports results of several math types whatever the
+// descriptor says, so the caller sets the chosen math type on the
+// descriptor it runs with.
 template <typename Perf>
-Perf choose(const std::vector<Perf>& perf, int returned, const char* what) {
+const Perf* preferred(const std::vector<Perf>& perf, int returned) {
   for (cudnnMathType_t want : {CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH})
     for (int i = 0; i < returned; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == want) return perf[i];
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == want) return &perf[i];
   for (int i = 0; i < returned; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS) return perf[i];
-  std::ostringstream o;
-  o << "cuDNN has no working algorithm for " << what << " (tried:";
-  for (int i = 0; i < returned; ++i)
-    o << " algo " << static_cast<int>(perf[i].algo) << " " << cudnnGetErrorString(perf[i].status);
-  o << ")";
-  throw GpuError(o.str());
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) return &perf[i];
+  return nullptr;
 }
 
 // One convolution layer: descriptors and the algorithms of its three
@@ -189,7 +185,7 @@ struct ConvLayer {
 };
 
 // Measures the algorithms of one operation (find: cudnnFind*), takes the
-// one choose() prefers, puts its math type on `conv` (the descriptor the
+// one preferred() returns, puts its math type on `conv` (the descriptor the
 // operation will run with), then sizes its workspace (size: cudnnGet*
 // WorkspaceSize, which must see that math type).
 template <typename Perf, typename Find, typename Size>
@@ -198,7 +194,19 @@ auto pick_algo(ConvLayer& L, cudnnConvolutionDescriptor_t conv, int max_count, c
   std::vector<Perf> perf(static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
   find(static_cast<int>(perf.size()), &returned, perf.data());
-  const Perf p = choose(perf, returned, what);
+  if (!preferred(perf, returned)) {
+    // Nothing ran under the FMA-only descriptor: let cuDNN use its default.
+    CNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_DEFAULT_MATH));
+    find(static_cast<int>(perf.size()), &returned, perf.data());
+  }
+  if (!preferred(perf, returned)) {
+    std::ostringstream o;
+    o << "cuDNN has no working algorithm for " << what << " (tried:";
+    for (int i = 0; i < returned; ++i)
+      o << " algo " << static_cast<int>(perf[i].algo) << ": " << cudnnGetErrorString(perf[i].status);
+    throw GpuError(o.str() + ")");
+  }
+  const Perf p = *preferred(perf, returned);
   CNN_CHECK(cudnnSetConvolutionMathType(conv, p.mathType));
   size_t bytes = 0;
   size(p.algo, &bytes);
