@@ -59,9 +59,15 @@ const std::vector<SettingInfo> kSettings = {
      "Complete checkpoints to keep (never fewer than 1)."},
     {"TUTTI_CKPT_MAX_HEADER_MB", "int", "100",
      "Largest safetensors JSON header the loader accepts."},
+    {"TUTTI_CKPT_TIMEOUT", "float", "0",
+     "Seconds a rank waits for the others while agreeing on a checkpoint save "
+     "or load (a rank that failed makes every rank raise at once; this bounds "
+     "a rank that hangs or died); 0 uses TUTTI_TIMEOUT."},
     {"TUTTI_FAULT_INJECT", "string", "",
-     "Testing only: kill this rank with SIGKILL at a named checkpoint point, "
-     "e.g. 'after_shard_write' or 'before_latest:rank=1'."},
+     "Testing only: <point>[:rank=R][:hit=K][:action=kill|fail|stall], "
+     "comma-separated; kills this rank with SIGKILL (or fails or stalls it) "
+     "at a named checkpoint point, e.g. 'after_shard_write' or "
+     "'between_manifest_and_latest:rank=0' (docs/checkpoint.md lists them)."},
     // ---- preemption
     {"TUTTI_PREEMPT_SOURCES", "string", "signals,file",
      "Comma-separated preemption notice sources: signals, file, aws, gcp, "
