@@ -104,7 +104,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
                   " does not fit the state on rank(s) ", misfits,
                   " (see the error there)");
     }
-    if (status == kOk) {
+    if (ranks_with(st, kRejected).empty()) {
       // Verified everywhere: now write into the destination tensors.
       touched = true;
       try {
