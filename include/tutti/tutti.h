@@ -5,12 +5,14 @@
 #define TUTTI_VERSION_MINOR 1
 #define TUTTI_VERSION_PATCH 0
 
+#include "tutti/checkpoint.h"
 #include "tutti/comm.h"
 #include "tutti/config.h"
 #include "tutti/device.h"
 #include "tutti/dtype.h"
 #include "tutti/error.h"
 #include "tutti/log.h"
+#include "tutti/preemption.h"
 #include "tutti/process_group.h"
 #include "tutti/state.h"
 #include "tutti/tensor.h"

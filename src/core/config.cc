@@ -75,8 +75,12 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_PREEMPT_POLL_MS", "int", "1000",
      "Poll interval of the metadata-endpoint and trigger-file sources."},
     {"TUTTI_PREEMPT_FILE", "string", "/tmp/tutti-preempt",
-     "Trigger file: its existence is a preemption notice (Kubernetes "
-     "preStop hooks create it)."},
+     "Trigger file: its creation (or a touch) is a preemption notice "
+     "(Kubernetes preStop hooks create it); a file left from an earlier run "
+     "counts only once touched."},
+    {"TUTTI_PREEMPT_STOP_ON_REBALANCE", "bool", "0",
+     "Also stop (checkpoint and exit 75) on an AWS rebalance recommendation, "
+     "not only on an interruption notice."},
     {"TUTTI_AWS_METADATA_URL", "string", "http://169.254.169.254",
      "AWS instance metadata service base URL (IMDSv2)."},
     {"TUTTI_GCP_METADATA_URL", "string", "http://metadata.google.internal",
