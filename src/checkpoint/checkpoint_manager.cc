@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -34,8 +35,10 @@ class CheckpointManager::Impl {
   Impl(ProcessGroupPtr group, CheckpointOptions options);
   ~Impl();
 
-  void save(int64_t step, const StateDict& state, const std::string& metadata,
-            std::vector<std::string> components);
+  // `state` runs inside the agreement, so that any rank's invalid state
+  // (or component list) raises on every rank.
+  void save(int64_t step, const std::function<StateDict()>& state,
+            const std::string& metadata, std::vector<std::string> components);
   void wait();
   bool in_flight() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -153,18 +156,35 @@ void CheckpointManager::Impl::wait() {
   }
 }
 
-void CheckpointManager::Impl::save(int64_t step, const StateDict& state,
+void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()>& state,
                                    const std::string& metadata,
                                    std::vector<std::string> components) {
   using Clock = std::chrono::steady_clock;
   wait();
   const auto t0 = Clock::now();
-  TUTTI_ARG_CHECK(step >= 0, "checkpoint step ", step, " is negative");
   auto job = std::make_unique<Job>();
   job->step = step;
-  job->metadata = ckpt::parse_user_metadata(metadata);
   job->components = std::move(components);
-  job->snap = ckpt::take_snapshot(state, step, pool_, copier_);
+  // A rank whose state is invalid must not leave the others waiting in the
+  // commit until the timeout: agree on the snapshot first (one int64).
+  std::exception_ptr invalid;
+  try {
+    TUTTI_ARG_CHECK(step >= 0, "checkpoint step ", step, " is negative");
+    job->metadata = ckpt::parse_user_metadata(metadata);
+    job->snap = ckpt::take_snapshot(state(), step, pool_, copier_);
+  } catch (const Error&) {
+    invalid = std::current_exception();
+  }
+  ckpt::Agreement agree(*comm_, cfg_.timeout_s, detail::cat("checkpoint step ", step));
+  const int64_t bad = agree.allreduce_max(invalid ? 1 : 0, "checking every rank's state");
+  if (bad) {
+    copier_.wait();
+    pool_.release(std::move(job->snap.buffer));
+  }
+  if (invalid) std::rethrow_exception(invalid);
+  if (bad)
+    TUTTI_THROW(kInvalidArgument, "checkpoint step ", step,
+                " not saved: another rank's state or metadata was invalid (see its error)");
   const auto t1 = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,13 +236,13 @@ std::vector<std::string> component_names(const Components& c) {
 
 void CheckpointManager::save(int64_t step, const Components& components,
                              const std::string& metadata_json) {
-  impl_->save(step, ckpt::flatten_components(components), metadata_json,
+  impl_->save(step, [&] { return ckpt::flatten_components(components); }, metadata_json,
               component_names(components));
 }
 
 void CheckpointManager::save(int64_t step, const StateDict& state,
                              const std::string& metadata_json) {
-  impl_->save(step, state, metadata_json, {});
+  impl_->save(step, [&] { return state; }, metadata_json, {});
 }
 
 void CheckpointManager::wait() { impl_->wait(); }

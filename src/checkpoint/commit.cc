@@ -102,12 +102,18 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   const std::vector<int64_t> mine = {
       write_error.empty() ? 1 : 0, static_cast<int64_t>(res.bytes),
       static_cast<int64_t>(res.header_xxh64), static_cast<int64_t>(res.tensors),
-      static_cast<int64_t>(res.data_bytes)};
+      static_cast<int64_t>(res.data_bytes), step};
   const size_t kFields = mine.size();
   const std::vector<int64_t> all = agree.allgather(mine, "agreeing that every shard is durable");
-  std::vector<int> failed;
-  for (int r = 0; r < world; ++r)
+  std::vector<int> failed, other_step;
+  for (int r = 0; r < world; ++r) {
     if (all[static_cast<size_t>(r) * kFields] != 1) failed.push_back(r);
+    if (all[static_cast<size_t>(r) * kFields + 5] != step) other_step.push_back(r);
+  }
+  if (!other_step.empty())
+    TUTTI_THROW(kInvalidArgument, what, " (", dir, ") was not published: rank",
+                other_step.size() > 1 ? "s " : " ", rank_list(other_step),
+                " saved another step (every rank must save the same step)");
   if (!failed.empty())
     TUTTI_THROW(kIo, what, " (", dir, ") was not published: rank",
                 failed.size() > 1 ? "s " : " ", rank_list(failed),

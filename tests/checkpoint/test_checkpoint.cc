@@ -310,6 +310,43 @@ TEST(CheckpointErrors, NameRankStepAndTensor) {
   EXPECT_THROW(CheckpointManager(w, CheckpointOptions{}), Error) << "no directory";
 }
 
+// A caller's mistake on one rank (invalid state, another step) raises on
+// every rank at once instead of leaving the others in the commit.
+TEST(CheckpointErrors, OneRanksInvalidStateRaisesEverywhere) {
+  auto w = world();
+  ScratchDir tmp(w);
+  CheckpointManager m(w, opts(tmp.path()));
+  std::vector<float> x(4);
+  const int victim = w->size() - 1;
+  StateDict good = {{"x", Tensor::of(x), {}}};
+  StateDict bad = {{"x", Tensor::of(x), {}}, {"x", Tensor::of(x), {}}};
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    m.save(1, w->rank() == victim ? bad : good);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    const std::string want = w->rank() == victim ? "appears twice" : "another rank's state";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  if (w->size() > 1) {
+    try {
+      m.save(w->rank() == 0 ? 5 : 6, good);
+      m.wait();
+      ADD_FAILURE() << "ranks saving different steps went unnoticed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("saved another step"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  w->barrier();
+  EXPECT_TRUE(test::complete_checkpoints(tmp.path()).empty());
+  m.save(7, good);
+  m.wait();
+  EXPECT_EQ(*m.latest_step(), 7) << "the manager stays usable";
+}
+
 // One rank's failed write raises on every rank, promptly, and publishes
 // nothing; the same for fsync failures of a shard and of the manifest.
 TEST(CheckpointFailures, OneRankFailingRaisesEverywhere) {
