@@ -91,6 +91,7 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
                        : static_cast<int>(config::get_int("TUTTI_CKPT_KEEP"));
   cfg_.keep_last = std::max(1, cfg_.keep_last);
   cfg_.timeout_s = ckpt::agreement_timeout(o.timeout_s);
+  cfg_.direct_io = o.direct_io;
   cfg_.mesh = o.mesh_json.empty()
                   ? nlohmann::json{{"world_size", group->size()}}
                   : ckpt::parse_user_metadata(o.mesh_json);
@@ -144,6 +145,7 @@ void CheckpointManager::Impl::persist(Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.write_s = t.write_s;
   stats_.commit_s = t.commit_s;
+  stats_.direct_io = t.direct_io;
 }
 
 void CheckpointManager::Impl::wait() {

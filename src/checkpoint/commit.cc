@@ -92,11 +92,14 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   std::string write_error;
   const auto tw = Clock::now();
   try {
-    res = write_shard(dir, snap, rank, world, step);
+    res = write_shard(dir, snap, rank, world, step, cfg.direct_io);
   } catch (const Error& e) {
     write_error = e.message();
   }
-  if (times) times->write_s = since(tw);
+  if (times) {
+    times->write_s = since(tw);
+    times->direct_io = res.direct;
+  }
 
   // 2. Agreement: nothing is published unless every shard is durable.
   const std::vector<int64_t> mine = {

@@ -30,11 +30,13 @@ struct CommitConfig {
   int keep_last = 1;
   double timeout_s = 0;
   nlohmann::json mesh;
+  bool direct_io = true;
 };
 
 struct CommitTimes {
   double write_s = 0;
   double commit_s = 0;
+  bool direct_io = false;
 };
 
 // Returns the committed checkpoint's directory name.

@@ -67,6 +67,39 @@ void File::write_all(const void* data, size_t n) {
   }
 }
 
+bool File::open_direct(const std::string& path, File* out) {
+#ifdef O_DIRECT
+  const int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EINVAL || errno == EOPNOTSUPP) return false;
+    io_error("opening for direct I/O", path, errno);
+  }
+  *out = File(fd, path);
+  return true;
+#else
+  (void)path;
+  (void)out;
+  return false;
+#endif
+}
+
+int File::pwrite_all(const void* data, size_t n, uint64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const size_t chunk = n < (size_t{1} << 30) ? n : (size_t{1} << 30);
+    const ssize_t w = ::pwrite(fd_, p, chunk, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return EIO;
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return 0;
+}
+
 void File::pread_all(void* data, size_t n, uint64_t offset) const {
   char* p = static_cast<char*>(data);
   while (n > 0) {

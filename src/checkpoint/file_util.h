@@ -30,9 +30,16 @@ class File {
   // Creates or truncates `path` for writing (mode 0644).
   static File create(const std::string& path);
   static File open_read(const std::string& path);
+  // Opens an existing file for O_DIRECT writes; false (and no file) where the
+  // file system does not support direct I/O (tmpfs, some FUSE and network
+  // file systems).
+  static bool open_direct(const std::string& path, File* out);
 
   // Writes all bytes (retrying short writes and EINTR).
   void write_all(const void* data, size_t n);
+  // The same at `offset`; returns 0 or the errno of the failure (no throw),
+  // so that a direct-I/O caller can fall back on EINVAL.
+  int pwrite_all(const void* data, size_t n, uint64_t offset);
   // Reads exactly n bytes at `offset`; kCorrupt if the file ends first.
   void pread_all(void* data, size_t n, uint64_t offset) const;
   void sync();  // fsync; kIo on failure

@@ -104,7 +104,7 @@ uint64_t checked_numel(const std::vector<int64_t>& shape, const std::string& wha
 
 std::string build_safetensors_header(
     const std::vector<StEntry>& entries,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, size_t align) {
   json root = json::object();
   for (const auto& e : entries) {
     TUTTI_ARG_CHECK(e.name != "__metadata__" && !e.name.empty(),
@@ -122,8 +122,9 @@ std::string build_safetensors_header(
     TUTTI_THROW(kInvalidArgument, "a tensor name or metadata value is not "
                 "valid UTF-8: ", ex.what());
   }
-  // Pad so that 8 + N is a multiple of 8: the data region is 8-aligned.
-  text.append((8 - text.size() % 8) % 8, ' ');
+  // Pad so that 8 + N is a multiple of `align`: the data region is aligned.
+  TUTTI_CHECK(align >= 8 && align % 8 == 0);
+  text.append((align - (8 + text.size()) % align) % align, ' ');
   std::string out(8, '\0');
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);

@@ -46,12 +46,14 @@ struct StHeader {
 // Element count of a shape with overflow checks (kCorrupt naming `what`).
 uint64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what);
 
-// The 8-byte length prefix plus the JSON header (space-padded so that the
-// data region starts at a multiple of 8).  Entries must already have their
-// offsets; names must be valid UTF-8 (else kInvalidArgument).
+// The 8-byte length prefix plus the JSON header, space-padded so that the
+// data region starts at a multiple of `align` (8, or 4096 for direct I/O;
+// trailing spaces are valid JSON and the safetensors reference pads the
+// same way).  Entries must already have their offsets; names must be valid
+// UTF-8 (else kInvalidArgument).
 std::string build_safetensors_header(
     const std::vector<StEntry>& entries,
-    const std::map<std::string, std::string>& metadata);
+    const std::map<std::string, std::string>& metadata, size_t align = 8);
 
 // Validates the 8-byte prefix against the file size and the cap; returns N.
 uint64_t parse_header_length(const unsigned char prefix[8], uint64_t file_size,

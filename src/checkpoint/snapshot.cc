@@ -140,8 +140,10 @@ Snapshot take_snapshot(const StateDict& state, int64_t step, HostBufferPool& poo
     s.tensors.push_back(std::move(t));
   }
   s.total = offset;
-  s.buffer = pool.acquire(static_cast<size_t>(offset));
-  unsigned char* base = s.buffer.as<unsigned char>();
+  s.buffer = pool.acquire(static_cast<size_t>(offset) + kSnapshotAlign);
+  const auto addr = reinterpret_cast<uintptr_t>(s.buffer.data());
+  s.pad = static_cast<size_t>((kSnapshotAlign - addr % kSnapshotAlign) % kSnapshotAlign);
+  unsigned char* base = s.buffer.as<unsigned char>() + s.pad;
   for (size_t i = 0; i < state.size(); ++i)
     copier.copy(state[i].tensor, base + s.tensors[i].offset);
   copier.finish();

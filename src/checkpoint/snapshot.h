@@ -30,11 +30,16 @@ struct SnapshotTensor {
   uint64_t bytes = 0;
 };
 
+// The data starts kSnapshotAlign-aligned inside the pooled buffer, so the
+// shard writer can hand it to O_DIRECT writes.
+constexpr size_t kSnapshotAlign = 4096;
+
 struct Snapshot {
   std::vector<SnapshotTensor> tensors;
   HostBuffer buffer;
+  size_t pad = 0;  // bytes skipped at the start of `buffer` for alignment
   uint64_t total = 0;
-  const unsigned char* data() const { return buffer.as<const unsigned char>(); }
+  const unsigned char* data() const { return buffer.as<const unsigned char>() + pad; }
 };
 
 // Copies tensors into host memory; owns the CUDA streams and events.

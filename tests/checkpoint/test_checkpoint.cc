@@ -8,6 +8,7 @@
 #include "checkpoint/catalog.h"
 #include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
+#include "checkpoint/safetensors.h"
 #include "ckpt_test_util.h"
 #include "common/test_util.h"
 
@@ -148,6 +149,40 @@ TEST_P(CheckpointTest, SavingACommittedStepAgainKeepsBoth) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->name, "step-00000005.1");
   EXPECT_TRUE(a.holds(seed(6, w->rank())));
+}
+
+// O_DIRECT and buffered shards hold the same tensors, metadata and data
+// bytes; only the header padding differs (data 4 KiB- vs 8-byte aligned).
+TEST(CheckpointWrite, DirectAndBufferedShardsAgree) {
+  auto w = world();
+  ScratchDir tmp(w);
+  Blob a({0, 1, 7, 1000, 5000});
+  a.fill(seed(4, w->rank()));
+  std::string files[2];
+  for (int direct = 0; direct < 2; ++direct) {
+    CheckpointOptions o = opts(tmp.sub(direct ? "direct" : "buffered"), false);
+    o.direct_io = direct == 1;
+    CheckpointManager m(w, o);
+    m.save(4, {{"a", &a}});
+    if (!direct) EXPECT_FALSE(m.last_save_stats().direct_io);
+    files[direct] = test::read_text(o.dir + "/step-00000004/rank-0000" +
+                                    std::to_string(w->rank()) + ".safetensors");
+    Blob b({0, 1, 7, 1000, 5000});
+    ASSERT_EQ(m.load_latest({{"a", &b}}).value_or(-1), 4);
+    EXPECT_TRUE(b.holds(seed(4, w->rank())));
+  }
+  const auto hb = ckpt::parse_safetensors(files[0].data(), files[0].size(), 1 << 20, "b");
+  const auto hd = ckpt::parse_safetensors(files[1].data(), files[1].size(), 1 << 20, "d");
+  EXPECT_EQ(hb.data_start() % 8, 0u);
+  EXPECT_EQ(hd.data_start() % 4096, 0u);
+  EXPECT_EQ(hb.metadata, hd.metadata);
+  ASSERT_EQ(hb.entries.size(), hd.entries.size());
+  for (size_t i = 0; i < hb.entries.size(); ++i) {
+    EXPECT_EQ(hb.entries[i].name, hd.entries[i].name);
+    EXPECT_EQ(hb.entries[i].begin, hd.entries[i].begin);
+  }
+  EXPECT_EQ(files[0].substr(static_cast<size_t>(hb.data_start())),
+            files[1].substr(static_cast<size_t>(hd.data_start())));
 }
 
 INSTANTIATE_TEST_SUITE_P(AsyncAndSync, CheckpointTest, ::testing::Bool(),
