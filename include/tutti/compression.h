@@ -11,7 +11,11 @@
 //  * calls on one bucket happen in step order; different buckets may be
 //    interleaved but every rank issues its collectives in the same order;
 //  * all persistent state is reported by state_dict() (names prefixed with
-//    the bucket id), so a restart resumes error feedback exactly.
+//    the bucket id), so a restart resumes error feedback exactly;
+//  * compressors with error feedback (topk, powersgd, onebit) agree across
+//    ranks whether any rank's bucket holds Inf/NaN (an AMP overflow step);
+//    if so the bucket becomes NaN on every rank (so the loss scaler skips
+//    the step) and residuals, factors and step counters stay untouched.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +49,11 @@ struct CompressContext {
   Communicator* comm = nullptr;  // the data-parallel group
   int64_t step = 0;              // optimiser steps so far (0-based)
   void* stream = nullptr;        // CUDA: stream the bucket is ready on
+  // The factor the bucket's gradients carry (the AMP loss scale; 1 without
+  // loss scaling).  Error-feedback residuals are kept in these units and
+  // rescaled when it changes, so a loss-scale backoff or growth does not
+  // feed back stale, differently scaled error.  Finite and positive.
+  float grad_scale = 1.0f;
 };
 
 struct CompressStats {
@@ -53,6 +62,9 @@ struct CompressStats {
   double encode_seconds = 0;
   double comm_seconds = 0;
   double decode_seconds = 0;
+  // Bucket steps that found Inf/NaN on some rank (error-feedback
+  // compressors): the bucket was marked NaN and no state changed.
+  uint64_t nonfinite_steps = 0;
 };
 
 class TUTTI_API Compressor : public Stateful {

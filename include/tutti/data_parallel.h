@@ -185,6 +185,14 @@ class TUTTI_API Reducer : public Stateful {
   // Accumulate without communicating while the guard lives.
   NoSyncGuard no_sync();
 
+  // The factor the gradients of the following passes carry: the AMP loss
+  // scale when the reducer averages scaled gradients (unscaling after
+  // synchronize()).  Handed to the compressor (CompressContext::grad_scale)
+  // so error-feedback residuals follow loss-scale changes.  Finite and
+  // positive; default 1.  Call between passes, e.g. after each
+  // LossScaler::update().
+  void set_gradient_scale(float scale);
+
   // Collective: copies every registered parameter from `root` to the other
   // ranks (host tensors packed into chunks of bucket_cap_mb; CUDA tensors
   // one broadcast each, ordered on `stream`).  After build(), between steps.

@@ -1,10 +1,13 @@
 #include "compression/common.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
 #include "compression/hash.h"
+#include "tutti/amp.h"
 #include "core/fast_convert.h"
 
 #if TUTTI_WITH_CUDA
@@ -112,6 +115,19 @@ void zero_bytes(Device device, void* dst, size_t bytes, void* stream) {
   }
 #if TUTTI_WITH_CUDA
   TUTTI_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+#else
+  no_cuda("fill");
+#endif
+}
+
+void fill_nan_bytes(Device device, void* dst, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memset(dst, 0xFF, bytes);
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  TUTTI_CUDA_CHECK(cudaMemsetAsync(dst, 0xFF, bytes, as_stream(stream)));
 #else
   no_cuda("fill");
 #endif
@@ -366,8 +382,71 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
                   "] ", l.device.str());
   TUTTI_ARG_CHECK(t.data() != nullptr || t.numel() == 0, name_,
                   " compressor: bucket ", id, " has no data");
-  if (t.numel() > 0) run(id, t, ctx, clock);
+  if (t.numel() == 0) {
+    b.steps += 1;
+    return;
+  }
+  if (has_error_feedback()) {
+    TUTTI_ARG_CHECK(std::isfinite(ctx.grad_scale) && ctx.grad_scale > 0.0f,
+                    name_, " compressor: bucket ", id, ": gradient scale ",
+                    ctx.grad_scale, " must be finite and positive");
+    if (any_rank_nonfinite(b, t, ctx)) {
+      // An overflow step: the loss scaler will skip it.  Every rank marks
+      // the whole bucket NaN (bit-identical) and keeps its state as it was.
+      fill_nan_bytes(l.device, t.data(), t.nbytes(), ctx.stream);
+      clock.decode();
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.nonfinite_steps += 1;
+      return;
+    }
+    if (ctx.grad_scale != b.grad_scale) {
+      // Residuals were accumulated at the old scale: bring them to the new
+      // one (loss scales are powers of two, so this is exact).
+      rescale_residuals(id, ctx.grad_scale / b.grad_scale, ctx.stream);
+      b.grad_scale = ctx.grad_scale;
+    }
+    clock.encode();
+  }
+  run(id, t, ctx, clock);
   b.steps += 1;
+}
+
+void BucketCompressor::scale_residual(const DeviceArray& residual, float factor,
+                                      void* stream) {
+  if (residual.bytes() == 0) return;
+  const Tensor t = residual.flat(DType::kFloat32);
+  amp::scale_copy({t}, {t}, factor, stream);
+}
+
+namespace {
+bool has_nonfinite(const Tensor& t, void* stream) {
+  if (t.dtype() != DType::kFloat64)
+    return amp::check_finite({t}, stream).found;  // one fused read, CPU or CUDA
+  // float64 (rare for gradients; the AMP kernels do not take it).
+  std::vector<double> host;
+  const double* d = static_cast<const double*>(t.data());
+  if (t.device().is_cuda()) {
+    host.resize(static_cast<size_t>(t.numel()));
+    copy_to_host(t.device(), host.data(), t.data(), t.nbytes(), stream);
+    d = host.data();
+  }
+  bool bad = false;
+  for (int64_t i = 0; i < t.numel(); ++i) bad |= !std::isfinite(d[i]);
+  return bad;
+}
+}  // namespace
+
+bool BucketCompressor::any_rank_nonfinite(Bucket& b, const Tensor& t,
+                                          const CompressContext& ctx) {
+  int32_t local = has_nonfinite(t, ctx.stream) ? 1 : 0;
+  if (ctx.comm->size() > 1) {
+    if (b.flag.bytes() == 0) b.flag = DeviceArray(t.device(), 4);
+    copy_from_host(t.device(), b.flag.data(), &local, 4, ctx.stream);
+    ctx.comm->allreduce(b.flag.flat(DType::kInt32), ReduceOp::kMax,
+                        op_options(b.layout.id, "nonfinite", ctx));
+    copy_to_host(t.device(), &local, b.flag.data(), 4, ctx.stream);
+  }
+  return local != 0;
 }
 
 void BucketCompressor::allreduce(int id, const Tensor& t,
@@ -393,9 +472,20 @@ StateDict BucketCompressor::state_dict() {
   for (auto& kv : buckets_) {
     append_state_tensor(&out, state_name(kv.first, "step"),
                         Tensor::of(&kv.second.steps, 1));
+    if (has_error_feedback())
+      append_state_tensor(&out, state_name(kv.first, "grad_scale"),
+                          Tensor::of(&kv.second.grad_scale, 1));
     append_state(kv.first, &out);
   }
   return out;
+}
+
+void BucketCompressor::on_state_loaded() {
+  for (auto& kv : buckets_)
+    TUTTI_CHECK(std::isfinite(kv.second.grad_scale) && kv.second.grad_scale > 0.0f,
+                name_, " compressor: loaded state ",
+                state_name(kv.first, "grad_scale"), " = ", kv.second.grad_scale,
+                "; expected a finite positive gradient scale");
 }
 
 CompressStats BucketCompressor::stats() const {

@@ -86,6 +86,9 @@ void append_state_tensor(StateDict* out, const std::string& name,
 void copy_bytes(Device device, void* dst, const void* src, size_t bytes,
                 void* stream);
 void zero_bytes(Device device, void* dst, size_t bytes, void* stream);
+// Fills with all-one bytes: a NaN in every floating dtype (f32, f64, f16,
+// bf16), how an overflowed bucket is marked on every rank.
+void fill_nan_bytes(Device device, void* dst, size_t bytes, void* stream);
 // Copies between host memory and memory on `device` (synchronous).
 void copy_from_host(Device device, void* dst, const void* host, size_t bytes,
                     void* stream);
@@ -177,7 +180,7 @@ class BucketCompressor : public Compressor {
   void allreduce(int bucket_id, const Tensor& bucket,
                  const CompressContext& ctx) final;
   StateDict state_dict() final;
-  void on_state_loaded() override {}
+  void on_state_loaded() override;
   CompressStats stats() const override;
   void reset_stats() override;
 
@@ -198,6 +201,17 @@ class BucketCompressor : public Compressor {
   virtual void run(int id, const Tensor& bucket, const CompressContext& ctx,
                    PhaseClock& clock) = 0;
   virtual void append_state(int id, StateDict* out) {}
+  // Error-feedback compressors return true: step() then checks the bucket
+  // for Inf/NaN and agrees on it across ranks before run() (see
+  // tutti/compression.h), and keeps residuals in CompressContext::grad_scale
+  // units.
+  virtual bool has_error_feedback() const { return false; }
+  // Multiplies bucket `id`'s residuals by `factor` (a change of gradient
+  // scale).  Compressors with error feedback override it.
+  virtual void rescale_residuals(int id, float factor, void* stream) {}
+  // residual *= factor over a float32 array (CPU or CUDA).
+  static void scale_residual(const DeviceArray& residual, float factor,
+                             void* stream);
   std::string state_name(int id, const char* what) const;
   // OpOptions for a collective of this bucket ("compressor/topk/bucket3/P").
   OpOptions op_options(int id, const char* what,
@@ -207,7 +221,13 @@ class BucketCompressor : public Compressor {
   struct Bucket {
     BucketLayout layout;
     int64_t steps = 0;  // exposed as state "<prefix>/bucket<id>/step"
+    // Error feedback only: the gradient scale the residuals are in (state
+    // "<prefix>/bucket<id>/grad_scale"), and the agreement flag's buffer.
+    float grad_scale = 1.0f;
+    DeviceArray flag;
   };
+  // Error feedback: true when some rank's bucket holds Inf/NaN.
+  bool any_rank_nonfinite(Bucket& b, const Tensor& t, const CompressContext& ctx);
   const Bucket& bucket(int id) const;
 
   std::string name_;

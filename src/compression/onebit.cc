@@ -125,6 +125,11 @@ class OnebitCompressor final : public BucketCompressor {
                         states_.at(id).residual.flat(DType::kFloat32));
   }
 
+  bool has_error_feedback() const override { return true; }
+  void rescale_residuals(int id, float factor, void* stream) override {
+    scale_residual(states_.at(id).residual, factor, stream);
+  }
+
   void run(int id, const Tensor& bucket, const CompressContext& ctx,
            PhaseClock& clock) override {
     State& s = states_.at(id);

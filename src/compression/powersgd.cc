@@ -165,6 +165,11 @@ void PowerSgdCompressor::on_setup(const BucketLayout& l) {
   states_.emplace(l.id, std::move(s));
 }
 
+void PowerSgdCompressor::rescale_residuals(int id, float factor, void* stream) {
+  // Q is a direction (re-orthogonalised every step): only the error scales.
+  scale_residual(states_.at(id).residual, factor, stream);
+}
+
 void PowerSgdCompressor::append_state(int id, StateDict* out) {
   const State& s = states_.at(id);
   append_state_tensor(out, state_name(id, "residual"),

@@ -84,6 +84,8 @@ class PowerSgdCompressor final : public BucketCompressor {
   void run(int id, const Tensor& bucket, const CompressContext& ctx,
            PhaseClock& clock) override;
   void append_state(int id, StateDict* out) override;
+  bool has_error_feedback() const override { return true; }
+  void rescale_residuals(int id, float factor, void* stream) override;
 
  private:
   struct Slot {

@@ -2,6 +2,7 @@
 // broadcasts, and the public forwarding layer.  The per-step path is in
 // reducer_step.cc.
 #include <algorithm>
+#include <cmath>
 
 #include "core/check.h"
 #include "data_parallel/broadcast.h"
@@ -289,6 +290,13 @@ int Reducer::add_parameter(const std::string& name, const Tensor& param,
 void Reducer::build() { impl_->build(); }
 void Reducer::grad_ready(int index, void* stream) { impl_->grad_ready(index, stream); }
 bool Reducer::synchronize(void* stream) { return impl_->synchronize(stream); }
+void Reducer::set_gradient_scale(float scale) {
+  TUTTI_ARG_CHECK(std::isfinite(scale) && scale > 0.0f, impl_->opt_.name,
+                  " reducer: gradient scale ", scale,
+                  " must be finite and positive");
+  impl_->set_grad_scale(scale);
+}
+
 NoSyncGuard Reducer::no_sync() {
   impl_->enter_no_sync();
   return NoSyncGuard(impl_.get());

@@ -60,6 +60,7 @@ struct Bucket {
   void* stream = nullptr;   // CUDA: stream the bucket is ordered on
   bool stream_set = false;
   int64_t launch_step = 0;  // step number handed to the compressor
+  float launch_grad_scale = 1.0f;  // gradient scale handed to the compressor
   WorkPtr work;             // kFlat: the all-reduce in flight
 };
 
@@ -84,6 +85,10 @@ class ReducerImpl {
   ReducerStats stats() const;
   // The reducing-step counter (Reducer::state_dict views it).
   int64_t* step_counter() { return &step_; }
+  void set_grad_scale(float scale) {
+    std::lock_guard<std::mutex> lock(mu_);
+    grad_scale_ = scale;
+  }
 
   ProcessGroupPtr group_;
   ReducerOptions opt_;
@@ -121,6 +126,7 @@ class ReducerImpl {
   int pass_in_step_ = 0;     // completed accumulation passes of this step
   int no_sync_depth_ = 0;
   int64_t step_ = 0;
+  float grad_scale_ = 1.0f;  // Reducer::set_gradient_scale
   ReducerStats stats_;
   HostBufferPool pool_;
   std::unique_ptr<dp::HierarchicalAllreduce> hier_;

@@ -81,6 +81,7 @@ void ReducerImpl::mark_filled(Bucket& b, bool early) {
 void ReducerImpl::launch(int index, bool early) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
   b.launch_step = step_;
+  b.launch_grad_scale = grad_scale_;
   ++stats_.buckets_reduced;
   if (early) ++stats_.buckets_launched_early;
   stats_.bytes_reduced += static_cast<int64_t>(b.plan.bytes);
@@ -103,6 +104,7 @@ void ReducerImpl::run_on_worker(int index) {
     CompressContext ctx;
     ctx.comm = group_.get();
     ctx.step = b.launch_step;
+    ctx.grad_scale = b.launch_grad_scale;
     ctx.stream = b.stream;
     opt_.compressor->allreduce(index, b.buffer.view(b.plan.layout.numel), ctx);
     return;
