@@ -42,6 +42,7 @@ struct Args {
   std::string final_out;    // JSON with the final parameter hash, rank 0
   int log_every = 10;
   int step_sleep_ms = 0;    // slows the demo down so a notice lands mid-run
+  double learn_ratio = 0.5; // fail unless the last losses average below this x the first
   double bucket_mb = 0.25;
 };
 
@@ -76,6 +77,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--final") a.final_out = next();
     else if (k == "--log-every") a.log_every = std::atoi(next().c_str());
     else if (k == "--step-sleep-ms") a.step_sleep_ms = std::atoi(next().c_str());
+    else if (k == "--learn-ratio") a.learn_ratio = std::atof(next().c_str());
     else if (k == "--bucket-mb") a.bucket_mb = std::atof(next().c_str());
     else {
       std::fprintf(stderr, "dp_train: unknown option %s\n", k.c_str());
@@ -171,7 +173,7 @@ int main(int argc, char** argv) {
     tutti::amp::DynamicLossScaler scaler(so);
     tutti::amp::StepCheckOptions check;
     check.names = names;
-    check.groups = {world.get()};  // compressors need not propagate Inf: agree explicitly
+    check.groups = {world.get()};  // agree on overflow (cheap; belt and braces)
 
     // ---- checkpoints and preemption
     TrainState train_state(model);
@@ -207,9 +209,14 @@ int main(int argc, char** argv) {
     std::vector<float> x;
     std::vector<int> y;
     double t_last = now();
+    double first_loss = -1, tail_sum = 0;  // the learning check (runs from step 0)
+    int64_t tail_n = 0;
     int64_t steps_since_print = 0;
     for (int64_t step = start; step < a.steps; ++step) {
       task.batch(step, rank, a.batch, &x, &y);
+      // The reducer averages loss-scaled gradients: error-feedback
+      // compressors keep their residuals in these units.
+      reducer.set_gradient_scale(scaler.scale());
       float loss = model.forward_backward(x.data(), y.data(), a.batch, scaler.scale(),
                                           [&](int p) { reducer.grad_ready(p); });
       reducer.synchronize();
@@ -221,6 +228,11 @@ int main(int argc, char** argv) {
       const float used_scale = scaler.scale();
       scaler.update();
       world->allreduce(tutti::Tensor::of(&loss, 1), tutti::ReduceOp::kAvg, {"loss"});
+      if (step == 0) first_loss = loss;
+      if (step >= a.steps - 10) {
+        tail_sum += loss;
+        ++tail_n;
+      }
       const tutti::CompressStats cs =
           ro.compressor ? ro.compressor->stats() : tutti::CompressStats{};
       const int64_t done = step + 1;
@@ -293,8 +305,18 @@ int main(int argc, char** argv) {
       }
     }
     event("done", "\"step\": " + std::to_string(a.steps) + ", \"hash\": \"" + hash + "\"");
+    // A run that started from scratch must have learned something.
+    bool learned = true;
+    if (first_loss > 0 && tail_n > 0 && a.learn_ratio > 0) {
+      const double tail = tail_sum / static_cast<double>(tail_n);
+      learned = tail < a.learn_ratio * first_loss;
+      if (!learned && rank == 0)
+        std::fprintf(stderr, "dp_train: did not learn: loss %.4f at step 1, %.4f over the last %lld "
+                     "steps (expected below %.2f x the first)\n", first_loss, tail,
+                     static_cast<long long>(tail_n), a.learn_ratio);
+    }
     tutti::shutdown();
-    return hmin == hmax ? 0 : 1;
+    return hmin != hmax ? 1 : learned ? 0 : 4;
   } catch (const tutti::Error& e) {
     std::fprintf(stderr, "dp_train: %s\n", e.what());
     return 3;
