@@ -9,6 +9,11 @@ namespace py {
 void bind_errors(pybind11::module_& m);
 void bind_core(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
+void bind_state(pybind11::module_& m);
+void bind_compression(pybind11::module_& m);
+void bind_dp(pybind11::module_& m);
+void bind_amp(pybind11::module_& m);
+void bind_tp(pybind11::module_& m);
 
 }  // namespace py
 }  // namespace tutti

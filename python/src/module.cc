@@ -8,4 +8,10 @@ PYBIND11_MODULE(_C, m) {
   tutti::py::bind_errors(m);
   tutti::py::bind_core(m);
   tutti::py::bind_comm(m);
+  // Stateful first: the areas below derive from it.
+  tutti::py::bind_state(m);
+  tutti::py::bind_compression(m);
+  tutti::py::bind_dp(m);
+  tutti::py::bind_amp(m);
+  tutti::py::bind_tp(m);
 }

@@ -10,6 +10,12 @@ AMP, spot-safe checkpoints) for numpy, PyTorch, CuPy and JAX tensors.
 Every collective is also available on any ProcessGroup (``g.split(...)``).
 Errors are ``tutti.Error`` subclasses carrying the rank, the operation and
 what was expected.
+
+Areas: ``tutti.Reducer`` (data-parallel gradient bucketing),
+``tutti.amp`` (loss scaling, fused unscale/check, clipping, casts),
+``tutti.ProcessMesh`` and ``tutti.tensor_parallel`` (Megatron-style layers),
+``tutti.compression`` (gradient compressors), and ``tutti.torch``
+(a Horovod-compatible PyTorch integration).
 """
 import atexit as _atexit
 
@@ -18,11 +24,17 @@ from ._C import (  # noqa: F401  (re-exported API)
     AbortedError,
     CheckpointError,
     CommError,
+    Compressor,
     Error,
     InvalidArgumentError,
     MismatchError,
+    NoSync,
     ProcessGroup,
+    ProcessMesh,
+    Reducer,
     ReduceOp,
+    Stateful,
+    TensorView,
     TimeoutError,
     UnsupportedError,
     Work,
@@ -43,6 +55,7 @@ from ._C import (  # noqa: F401  (re-exported API)
     size,
     world,
 )
+from . import amp, compression, tensor_parallel  # noqa: F401,E402
 from ._functional import (  # noqa: F401
     allgather,
     allreduce,
