@@ -129,6 +129,22 @@ def test_errors_carry_context(world, rank, size):
         assert f"rank {rank}:" in msg and "'grad'" in msg and f"rank {size - 1} has" in msg
         assert e.value.code == "mismatch"
         world.barrier()  # still usable
+        # Only the last rank passes an unusable tensor: it raises the precise
+        # error, its peers learn at once that it rejected the operation.
+        bad = rank == size - 1
+        for call in (lambda t: world.allreduce(t, name="w"),
+                     lambda t: world.broadcast(t, root=0),
+                     lambda t: world.allgather(t, np.empty(4 * size, np.float32))):
+            t = np.zeros(8, np.float32)[::2] if bad else np.zeros(4, np.float32)
+            with pytest.raises(tutti.Error) as e:
+                call(t)
+            if bad:
+                assert isinstance(e.value, tutti.InvalidArgumentError)
+                assert "not contiguous" in str(e.value)
+            else:
+                assert isinstance(e.value, tutti.MismatchError)
+                assert f"rank {size - 1} rejected the arguments" in str(e.value)
+        world.barrier()
 
 
 class _CudaLookalike:
