@@ -80,7 +80,7 @@ struct TUTTI_API CompressorOptions {
   int auto_probe_steps = 5;        // TUTTI_AUTO_PROBE_STEPS
   uint64_t seed = 0;               // PowerSGD's initial Q
   // Fills unset fields from the TUTTI_* settings.
-  static CompressorOptions from_env();
+  TUTTI_API static CompressorOptions from_env();
 };
 
 // Creates a compressor by name ("none", "fp16", "bf16", "topk", "powersgd",

@@ -104,8 +104,10 @@ struct TUTTI_API ReducerOptions {
   // Names the reducer in errors and operation names ("dp bucket 3").
   std::string name = "dp";
 
-  // The defaults above with the TUTTI_* settings applied.
-  static ReducerOptions from_env();
+  // The defaults above with the TUTTI_* settings applied: TUTTI_BUCKET_MB,
+  // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, and TUTTI_COMPRESSION (a
+  // compressor from make_compressor() unless it is "none").
+  TUTTI_API static ReducerOptions from_env();
 };
 
 struct ReducerStats {

@@ -52,6 +52,9 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_POWERSGD_RANK", "int", "4", "PowerSGD approximation rank."},
     {"TUTTI_POWERSGD_START_STEP", "int", "0",
      "Step before which PowerSGD sends uncompressed gradients."},
+    {"TUTTI_ONEBIT_CHUNK", "int", "2048",
+     "Elements sharing one scale in 1-bit sign compression (a multiple of "
+     "32)."},
     {"TUTTI_AUTO_PROBE_STEPS", "int", "5",
      "Steps the auto compressor measures before choosing per bucket."},
     // ---- amp

@@ -7,6 +7,7 @@
 #include "data_parallel/broadcast.h"
 #include "data_parallel/list_agreement.h"
 #include "data_parallel/reducer_impl.h"
+#include "tutti/compression.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
 
@@ -20,6 +21,9 @@ ReducerOptions ReducerOptions::from_env() {
   o.bucket_cap_mb = config::get_double("TUTTI_BUCKET_MB");
   o.first_bucket_cap_mb = config::get_double("TUTTI_FIRST_BUCKET_MB");
   o.hierarchical = config::get_bool("TUTTI_HIERARCHICAL");
+  // "none" keeps the plain averaging all-reduce (no compressor thread).
+  const std::string compression = config::get_string("TUTTI_COMPRESSION");
+  if (compression != "none") o.compressor = make_compressor(compression);
   return o;
 }
 

@@ -16,4 +16,10 @@ if ldd "$work/build/consumer" | grep -q "$build_dir"; then
   echo "FAIL: consumer links libtutti from the build tree"; ldd "$work/build/consumer"; exit 1
 fi
 "$mpiexec" --oversubscribe --bind-to none -np 2 "$work/build/consumer"
-echo "PASS: installed package found, relocated and used"
+# Every example builds against the installed package on its own.
+cmake -S "$src_dir/examples" -B "$work/examples" -G Ninja \
+      -DCMAKE_PREFIX_PATH="$work/moved" > "$work/examples-configure.log"
+cmake --build "$work/examples" > "$work/examples-build.log" || {
+  tail -30 "$work/examples-build.log"; exit 1; }
+"$mpiexec" --oversubscribe --bind-to none -np 2 "$work/examples/quickstart/quickstart"
+echo "PASS: installed package found, relocated and used (consumer and examples)"

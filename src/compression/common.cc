@@ -1,0 +1,424 @@
+#include "compression/common.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "core/check.h"
+#include "compression/hash.h"
+#include "core/fast_convert.h"
+
+#if TUTTI_WITH_CUDA
+#include "kernels/compression_common.h"
+#endif
+
+namespace tutti {
+namespace compression {
+namespace {
+
+#if TUTTI_WITH_CUDA
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+#else
+[[noreturn]] void no_cuda(const char* what) {
+  TUTTI_THROW(kUnsupported, what,
+              " on a CUDA tensor, but this build of tutti has no CUDA support");
+}
+#endif
+
+}  // namespace
+
+// ---- memory ----------------------------------------------------------------
+
+DeviceArray::DeviceArray(Device device, size_t bytes)
+    : device_(device), bytes_(bytes) {
+  if (device.is_cpu()) {
+    host_ = HostBuffer(bytes);
+    if (bytes) std::memset(host_.data(), 0, bytes);
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  dev_ = cuda::DeviceBuffer(device.index, bytes);
+  if (bytes) {
+    cuda::DeviceGuard g(device.index);
+    TUTTI_CUDA_CHECK(cudaMemset(dev_.data(), 0, bytes));
+  }
+#else
+  no_cuda("allocating compressor state");
+#endif
+}
+
+void* DeviceArray::data() const {
+#if TUTTI_WITH_CUDA
+  if (device_.is_cuda()) return dev_.data();
+#endif
+  return host_.data();
+}
+
+Tensor DeviceArray::view(DType dtype, int64_t offset, Shape shape) const {
+  const size_t es = dtype_size(dtype);
+  TUTTI_CHECK_LE(static_cast<size_t>(offset + shape.numel()) * es, bytes_,
+                 "view of ", shape.str(), " at ", offset);
+  return Tensor(static_cast<char*>(data()) + offset * es, dtype, shape,
+                device_);
+}
+
+Tensor DeviceArray::flat(DType dtype) const {
+  return view(dtype, 0, Shape{static_cast<int64_t>(bytes_ / dtype_size(dtype))});
+}
+
+GatherExchange::GatherExchange(Device device, int64_t block_words)
+    : device_(device), words_(block_words),
+      send_(device, static_cast<size_t>(block_words) * 4) {}
+
+const uint32_t* GatherExchange::exchange(Communicator* comm,
+                                         const OpOptions& options) {
+  const int world = comm->size();
+  if (world != world_) {
+    gathered_ = DeviceArray(device_, static_cast<size_t>(world) * words_ * 4);
+    world_ = world;
+  }
+  comm->allgather(send_.flat(DType::kInt32), gathered_.flat(DType::kInt32),
+                  options);
+  return gathered_.as<uint32_t>();
+}
+
+void append_state_tensor(StateDict* out, const std::string& name,
+                         const Tensor& tensor) {
+  NamedTensor nt;
+  nt.name = name;
+  nt.tensor = tensor;
+  out->push_back(std::move(nt));
+}
+
+void copy_bytes(Device device, void* dst, const void* src, size_t bytes,
+                void* stream) {
+  if (bytes == 0 || dst == src) return;
+  if (device.is_cpu()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  TUTTI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                   as_stream(stream)));
+#else
+  no_cuda("copy");
+#endif
+}
+
+void zero_bytes(Device device, void* dst, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  TUTTI_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+#else
+  no_cuda("fill");
+#endif
+}
+
+namespace {
+// Synchronous copy between host memory and `device` in either direction.
+void host_transfer(Device device, void* dst, const void* src, size_t bytes,
+                   void* stream, bool to_device) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  TUTTI_CUDA_CHECK(cudaMemcpyAsync(
+      dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+      as_stream(stream)));
+  TUTTI_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
+#else
+  no_cuda("copy");
+#endif
+}
+}  // namespace
+
+void copy_from_host(Device device, void* dst, const void* host, size_t bytes,
+                    void* stream) {
+  host_transfer(device, dst, host, bytes, stream, true);
+}
+
+void copy_to_host(Device device, void* host, const void* src, size_t bytes,
+                  void* stream) {
+  host_transfer(device, host, src, bytes, stream, false);
+}
+
+void sync_stream(Device device, void* stream) {
+  if (device.is_cpu()) return;
+#if TUTTI_WITH_CUDA
+  TUTTI_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
+#else
+  no_cuda("synchronize");
+#endif
+}
+
+// ---- float32 staging -------------------------------------------------------
+
+namespace cpu {
+namespace {
+constexpr int64_t kBlock = 1024;
+
+// Calls f(block_ptr, offset, count) with float32 blocks of src.
+template <typename F>
+void for_f32_blocks(const void* src, DType dtype, int64_t n, F f) {
+  float tmp[kBlock];
+  for (int64_t off = 0; off < n; off += kBlock) {
+    const int64_t m = n - off < kBlock ? n - off : kBlock;
+    load_f32(static_cast<const char*>(src) + off * dtype_size(dtype), dtype,
+             tmp, m);
+    f(tmp, off, m);
+  }
+}
+}  // namespace
+
+void load_f32(const void* src, DType dtype, float* dst, int64_t n) {
+  if (n <= 0) return;
+  const size_t un = static_cast<size_t>(n);
+  switch (dtype) {
+    case DType::kFloat32:
+      if (dst != src) std::memmove(dst, src, un * 4);
+      return;
+    case DType::kFloat16:
+      f16_to_f32(static_cast<const uint16_t*>(src), dst, un);
+      return;
+    case DType::kBFloat16:
+      bf16_to_f32(static_cast<const uint16_t*>(src), dst, un);
+      return;
+    case DType::kFloat64: {
+      const double* s = static_cast<const double*>(src);
+      for (size_t i = 0; i < un; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
+    default:
+      TUTTI_THROW(kInvalidArgument, "compression needs a floating-point "
+                  "gradient, got ", dtype_name(dtype));
+  }
+}
+
+void accumulate_f32(const void* src, DType dtype, float* acc, int64_t n) {
+  if (dtype == DType::kFloat32) {
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) acc[i] += s[i];
+    return;
+  }
+  for_f32_blocks(src, dtype, n, [&](const float* b, int64_t off, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) acc[off + i] += b[i];
+  });
+}
+
+void store_f32(const float* src, float divisor, void* dst, DType dtype,
+               int64_t n) {
+  if (n <= 0) return;
+  const size_t un = static_cast<size_t>(n);
+  switch (dtype) {
+    case DType::kFloat32: {
+      float* d = static_cast<float*>(dst);
+      if (divisor == 1.0f) {
+        if (d != src) std::memmove(d, src, un * 4);
+      } else {
+        for (size_t i = 0; i < un; ++i) d[i] = src[i] / divisor;
+      }
+      return;
+    }
+    case DType::kFloat64: {
+      double* d = static_cast<double*>(dst);
+      for (size_t i = 0; i < un; ++i) d[i] = static_cast<double>(src[i] / divisor);
+      return;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      float tmp[kBlock];
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (size_t off = 0; off < un; off += kBlock) {
+        const size_t m = un - off < kBlock ? un - off : kBlock;
+        for (size_t i = 0; i < m; ++i) tmp[i] = src[off + i] / divisor;
+        if (dtype == DType::kFloat16)
+          f32_to_f16(tmp, d + off, m);
+        else
+          f32_to_bf16(tmp, d + off, m);
+      }
+      return;
+    }
+    default:
+      TUTTI_THROW(kInvalidArgument, "compression needs a floating-point "
+                  "gradient, got ", dtype_name(dtype));
+  }
+}
+}  // namespace cpu
+
+void accumulate_f32(Device device, const void* src, DType dtype, float* acc,
+                    int64_t n, void* stream) {
+  if (n <= 0) return;
+  if (device.is_cpu()) return cpu::accumulate_f32(src, dtype, acc, n);
+#if TUTTI_WITH_CUDA
+  kernels::launch_accumulate_f32(src, dtype, acc, n, as_stream(stream));
+#else
+  no_cuda("accumulate_f32");
+#endif
+}
+
+void load_f32(Device device, const void* src, DType dtype, float* dst,
+              int64_t n, void* stream) {
+  if (n <= 0) return;
+  if (device.is_cpu()) return cpu::load_f32(src, dtype, dst, n);
+#if TUTTI_WITH_CUDA
+  kernels::launch_load_f32(src, dtype, dst, n, as_stream(stream));
+#else
+  no_cuda("load_f32");
+#endif
+}
+
+void store_f32(Device device, const float* src, float divisor, void* dst,
+               DType dtype, int64_t n, void* stream) {
+  if (n <= 0) return;
+  if (device.is_cpu()) return cpu::store_f32(src, divisor, dst, dtype, n);
+#if TUTTI_WITH_CUDA
+  kernels::launch_store_f32(src, divisor, dst, dtype, n, as_stream(stream));
+#else
+  no_cuda("store_f32");
+#endif
+}
+
+float hash_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+  return hash_uniform_hd(seed, stream, index);
+}
+
+// ---- traffic ---------------------------------------------------------------
+
+uint64_t wire_bytes(const Payload& p, int world) {
+  if (world <= 1) return 0;
+  const uint64_t w = static_cast<uint64_t>(world);
+  return 2 * (w - 1) * p.allreduce_bytes / w + (w - 1) * p.allgather_bytes;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// ---- BucketCompressor ------------------------------------------------------
+
+BucketCompressor::BucketCompressor(std::string name, std::string state_prefix,
+                                   bool floating_only)
+    : name_(std::move(name)), prefix_(std::move(state_prefix)),
+      floating_only_(floating_only) {}
+
+void BucketCompressor::setup(const BucketLayout& layout) {
+  TUTTI_ARG_CHECK(buckets_.count(layout.id) == 0, name_, " compressor: bucket ",
+                  layout.id, " was already set up");
+  TUTTI_ARG_CHECK(layout.numel >= 0, name_, " compressor: bucket ", layout.id,
+                  " has a negative size ", layout.numel);
+  TUTTI_ARG_CHECK(!floating_only_ || dtype_is_floating(layout.dtype), name_,
+                  " compressor: bucket ", layout.id, " holds ",
+                  dtype_name(layout.dtype),
+                  "; gradient compression needs float32, float64, float16 or "
+                  "bfloat16");
+#if !TUTTI_WITH_CUDA
+  TUTTI_ARG_CHECK(!layout.device.is_cuda(), name_, " compressor: bucket ",
+                  layout.id, " is on ", layout.device.str(),
+                  " but this build of tutti has no CUDA support");
+#endif
+  int64_t end = 0;
+  for (const auto& s : layout.slots) {
+    TUTTI_ARG_CHECK(s.offset >= end && s.offset + s.shape.numel() <= layout.numel,
+                    name_, " compressor: bucket ", layout.id, " slot '", s.name,
+                    "' ", s.shape.str(), " at offset ", s.offset,
+                    " overlaps the previous slot or runs past the bucket's ",
+                    layout.numel, " elements (slots must be ordered and disjoint)");
+    end = s.offset + s.shape.numel();
+  }
+  on_setup(layout);
+  Bucket b;
+  b.layout = layout;
+  buckets_.emplace(layout.id, std::move(b));
+}
+
+const BucketCompressor::Bucket& BucketCompressor::bucket(int id) const {
+  auto it = buckets_.find(id);
+  if (it == buckets_.end())
+    TUTTI_THROW(kInvalidArgument, name_, " compressor: bucket ", id,
+                " was never set up (call setup(layout) first)");
+  return it->second;
+}
+
+const BucketLayout& BucketCompressor::layout(int id) const {
+  return bucket(id).layout;
+}
+
+int64_t BucketCompressor::steps_done(int id) const { return bucket(id).steps; }
+
+void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
+                            PhaseClock& clock) {
+  bucket(id);  // throws for an unknown id
+  Bucket& b = buckets_.find(id)->second;
+  const BucketLayout& l = b.layout;
+  TUTTI_ARG_CHECK(ctx.comm != nullptr, name_, " compressor: bucket ", id,
+                  ": CompressContext::comm is null");
+  TUTTI_ARG_CHECK(t.dtype() == l.dtype && t.numel() == l.numel &&
+                      t.device() == l.device,
+                  name_, " compressor: bucket ", id, " is ", t.str(),
+                  " but setup() was given ", dtype_name(l.dtype), "[", l.numel,
+                  "] ", l.device.str());
+  TUTTI_ARG_CHECK(t.data() != nullptr || t.numel() == 0, name_,
+                  " compressor: bucket ", id, " has no data");
+  if (t.numel() > 0) run(id, t, ctx, clock);
+  b.steps += 1;
+}
+
+void BucketCompressor::allreduce(int id, const Tensor& t,
+                                 const CompressContext& ctx) {
+  // What this step sends, decided before run() changes any state.
+  const Payload p = t.numel() > 0 ? payload(id, ctx.step) : Payload();
+  StepTimes times;
+  PhaseClock clock(&times);
+  step(id, t, ctx, clock);
+  Payload plain;
+  plain.allreduce_bytes = t.nbytes();
+  const int w = ctx.comm->size();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.uncompressed_bytes += wire_bytes(plain, w);
+  stats_.wire_bytes += wire_bytes(p, w);
+  stats_.encode_seconds += times.encode;
+  stats_.comm_seconds += times.comm;
+  stats_.decode_seconds += times.decode;
+}
+
+StateDict BucketCompressor::state_dict() {
+  StateDict out;
+  for (auto& kv : buckets_) {
+    append_state_tensor(&out, state_name(kv.first, "step"),
+                        Tensor::of(&kv.second.steps, 1));
+    append_state(kv.first, &out);
+  }
+  return out;
+}
+
+CompressStats BucketCompressor::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void BucketCompressor::reset_stats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = CompressStats();
+}
+
+std::string BucketCompressor::state_name(int id, const char* what) const {
+  return prefix_ + "/bucket" + std::to_string(id) + "/" + what;
+}
+
+OpOptions BucketCompressor::op_options(int id, const char* what,
+                                       const CompressContext& ctx) const {
+  OpOptions o;
+  o.name = state_name(id, what);
+  o.stream = ctx.stream;
+  return o;
+}
+
+}  // namespace compression
+}  // namespace tutti

@@ -1,0 +1,82 @@
+// Every compressor on CUDA buckets (NCCL) against the same compressor on
+// host buckets: the results agree within the kernels' tolerance, and the
+// CUDA results are bit-identical on every rank (labelled gpu).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compression/compression_test_util.h"
+
+#if TUTTI_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tutti {
+namespace {
+
+#if TUTTI_WITH_CUDA
+
+class GpuCompressors : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuCompressors, MatchHostAndAreIdenticalOnEveryRank) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto w = world();
+  const int dev = local_rank() % cuda_device_count();
+  ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+  CompressorOptions o;
+  o.topk_ratio = 0.05;
+  o.onebit_chunk = 64;
+  o.auto_probe_steps = 2;
+  const int64_t n = 20000;
+  BucketLayout host_layout = test::make_layout(
+      0, DType::kFloat32, n, {Shape{100, 150}, Shape{3000}, Shape{10, 50}});
+  BucketLayout dev_layout = host_layout;
+  dev_layout.device = Device::cuda(dev);
+  auto on_host = make_compressor(GetParam(), o);
+  auto on_dev = make_compressor(GetParam(), o);
+  on_host->setup(host_layout);
+  on_dev->setup(dev_layout);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), n * 4), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (int64_t step = 0; step < 3; ++step) {
+    test::HostBucket h(DType::kFloat32, n);
+    h.set(test::gradient_values(n, DType::kFloat32, 8, w->rank(), step));
+    ASSERT_EQ(cudaMemcpy(d, h.bytes.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    CompressContext ctx;
+    ctx.comm = w.get();
+    ctx.step = step;
+    on_host->allreduce(0, h.tensor(), ctx);
+    ctx.stream = stream;
+    on_dev->allreduce(0, Tensor(d, DType::kFloat32, Shape{n}, Device::cuda(dev)), ctx);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> got(n);
+    ASSERT_EQ(cudaMemcpy(got.data(), d, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    auto all = test::gather_all(got.data(), n * 4);
+    for (auto& a : all) ASSERT_TRUE(a == all[0]) << "CUDA results differ across ranks";
+    if (GetParam() == "auto") continue;  // its choice may differ between the two
+    const auto want = h.get();
+    double scale = 0;
+    for (double v : want) scale = std::max(scale, std::fabs(v));
+    // PowerSGD: cuBLAS vs OpenBLAS; 1-bit: the scales' summation order.
+    const double tol = (GetParam() == "powersgd" ? 1e-3 : 1e-5) * (1 + scale);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], want[i], tol) << GetParam() << " step " << step << " at " << i;
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuCompressors,
+                         ::testing::Values("none", "fp16", "bf16", "topk",
+                                           "powersgd", "onebit", "auto"));
+
+#else
+
+TEST(GpuCompressors, NotBuilt) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif  // TUTTI_WITH_CUDA
+
+}  // namespace
+}  // namespace tutti
