@@ -69,7 +69,7 @@ class TUTTI_API Compressor : public Stateful {
   virtual void reset_stats() = 0;
 };
 
-struct TUTTI_API CompressorOptions {
+struct CompressorOptions {
   double topk_ratio = 0.01;        // TUTTI_TOPK_RATIO
   int powersgd_rank = 4;           // TUTTI_POWERSGD_RANK
   int64_t powersgd_start_step = 0; // TUTTI_POWERSGD_START_STEP

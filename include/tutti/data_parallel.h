@@ -70,7 +70,7 @@
 
 namespace tutti {
 
-struct TUTTI_API ReducerOptions {
+struct ReducerOptions {
   // Bucket cap in MiB (TUTTI_BUCKET_MB; default 25).  A bucket is closed
   // before a tensor would take it over the cap; a tensor larger than the cap
   // gets a bucket of its own.  Must be > 0.
