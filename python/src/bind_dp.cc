@@ -98,7 +98,7 @@ void bind_dp(pyb::module_& m) {
                         std::optional<double> bucket_cap_mb,
                         std::optional<double> first_bucket_cap_mb,
                         int backward_passes_per_step, std::optional<bool> hierarchical,
-                        int hierarchical_node_size, std::shared_ptr<Compressor> compressor,
+                        int hierarchical_node_size, pyb::object compressor,
                         pyb::object op, std::string name) {
              ReducerOptions o = ReducerOptions::from_env();
              if (bucket_cap_mb) o.bucket_cap_mb = *bucket_cap_mb;
@@ -106,7 +106,14 @@ void bind_dp(pyb::module_& m) {
              o.backward_passes_per_step = backward_passes_per_step;
              if (hierarchical) o.hierarchical = *hierarchical;
              o.hierarchical_node_size = hierarchical_node_size;
-             o.compressor = std::move(compressor);
+             // None: TUTTI_COMPRESSION (from_env); a name: a new compressor
+             // ("none": no compressor); or a Compressor object.
+             if (pyb::isinstance<pyb::str>(compressor)) {
+               const std::string n = compressor.cast<std::string>();
+               o.compressor = n == "none" ? nullptr : make_compressor(n);
+             } else if (!compressor.is_none()) {
+               o.compressor = compressor.cast<std::shared_ptr<Compressor>>();
+             }
              o.op = parse_grad_op(op);
              o.name = std::move(name);
              return PyReducer{{}, std::make_shared<Reducer>(std::move(group), o)};
@@ -118,7 +125,9 @@ void bind_dp(pyb::module_& m) {
            pyb::arg("compressor") = pyb::none(), pyb::arg("op") = "avg",
            pyb::arg("name") = "dp",
            "Options left None take their TUTTI_* setting (TUTTI_BUCKET_MB, "
-           "TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL).  op: 'avg' or 'sum'.")
+           "TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_COMPRESSION).  "
+           "compressor: a tutti.Compressor, a name ('powersgd'; 'none' for "
+           "none), or None for the setting.  op: 'avg' or 'sum'.")
       .def("add_parameter",
            [](PyReducer& r, const std::string& name, pyb::handle param, pyb::handle grad) {
              const std::string pn = "parameter '" + name + "'";

@@ -49,6 +49,7 @@ from ._C import (  # noqa: F401  (re-exported API)
     local_rank,
     local_size,
     log,
+    make_compressor,
     rank,
     set_log_level,
     shutdown,

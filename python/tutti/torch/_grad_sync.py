@@ -45,7 +45,6 @@ class GradSync:
         self.group = group_or_world(process_set)
         self.backward_passes_per_step = backward_passes_per_step
         self.sync_in_backward = sync_in_backward
-        self.compressor = compressor
         seen, entries = set(), []
         for pname, p in named_parameters:
             if p.requires_grad and id(p) not in seen:
@@ -65,6 +64,9 @@ class GradSync:
             self.grads.append(buf)
         self.reducer = _C.Reducer(self.group, bucket_cap_mb=bucket_cap_mb, op=op,
                                   compressor=compressor, name=name)
+        # The compressor in use (None: plain all-reduce); a Stateful whose
+        # state_dict() a checkpoint must carry.
+        self.compressor = self.reducer.options["compressor"]
         for pname, p, g in zip(self.names, self.params, self.grads):
             self.reducer.add_parameter(pname, export(p), g)
         self.reducer.build()

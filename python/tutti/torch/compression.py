@@ -57,9 +57,10 @@ class Compressor:
         return tensor if ctx is None else tensor.to(ctx)
 
     def make(self):
-        """The tutti compressor for a Reducer (None for ``none``)."""
+        """What the Reducer's ``compressor=`` takes: a new tutti compressor,
+        or "none" (explicitly no compression)."""
         if self.name == "none":
-            return None
+            return "none"
         return _compression.make_compressor(self.name, **self.options)
 
 
@@ -76,11 +77,12 @@ class Compression:
 
 
 def as_compressor(compression):
-    """Accepts a Compressor, None, a name ('fp16') or a tutti.Compressor."""
+    """The Reducer's ``compressor=`` for a Compression.* choice, a name
+    ('fp16'), a tutti.Compressor, or None (the TUTTI_COMPRESSION setting)."""
     if compression is None:
         return None
     if isinstance(compression, str):
-        return getattr(Compression, compression).make()
+        return compression
     if isinstance(compression, Compressor):
         return compression.make()
     if isinstance(compression, _compression.Compressor):

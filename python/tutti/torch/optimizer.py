@@ -5,7 +5,7 @@ import torch
 
 from .. import _C
 from ._grad_sync import GradSync
-from .compression import Compression, as_compressor
+from .compression import as_compressor
 from .mpi_ops import Average, _resolve_op
 from ._util import error
 
@@ -93,7 +93,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=None, bucket_cap_mb=None):
@@ -104,7 +104,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``backward_passes_per_step=N``: gradients of N backward passes accumulate
     locally and are communicated during the N-th (scale the loss by 1/N for a
     mean).  ``compression``: ``Compression.none/fp16/bf16/topk/powersgd/
-    onebit/auto``.  ``process_set``: a :class:`tutti.ProcessGroup` (e.g. the
+    onebit/auto`` (default None: the TUTTI_COMPRESSION setting, "none"
+    unless set).  ``process_set``: a :class:`tutti.ProcessGroup` (e.g. the
     data-parallel group of a ProcessMesh).  ``bucket_cap_mb``: fusion bucket
     size (default TUTTI_BUCKET_MB).  ``num_groups``/``groups`` are Horovod's
     manual fusion hints; tutti's bucketing replaces them and ignores them.
