@@ -1,6 +1,8 @@
 // tutti._C: the compiled half of the `tutti` package.
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "bindings.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -14,4 +16,8 @@ PYBIND11_MODULE(_C, m) {
   tutti::py::bind_dp(m);
   tutti::py::bind_amp(m);
   tutti::py::bind_tp(m);
+  // Submodules become importable (`from tutti._C.amp import ...`).
+  auto modules = pybind11::module_::import("sys").attr("modules");
+  for (const char* sub : {"amp", "tensor_parallel"})
+    modules[(std::string("tutti._C.") + sub).c_str()] = m.attr(sub);
 }

@@ -14,11 +14,17 @@ Calls that may issue collectives (``groups``/``group`` arguments) must be
 made by every rank of those groups in the same order.  The GIL is released
 while tutti works.
 """
-from ._C import amp as _amp
-
-__all__ = ["DynamicLossScaler", "NonFiniteReport", "ScaleUpdate", "ClipResult",
-           "scale_copy", "unscale_and_check", "check_finite",
-           "copy_master_to_model", "model_grads_to_master",
-           "multi_tensor_norms", "grad_norm", "clip_grad_norm"]
-
-globals().update({_name: getattr(_amp, _name) for _name in __all__})
+from ._C.amp import (  # noqa: F401  (the public API)
+    ClipResult,
+    DynamicLossScaler,
+    NonFiniteReport,
+    ScaleUpdate,
+    check_finite,
+    clip_grad_norm,
+    copy_master_to_model,
+    grad_norm,
+    model_grads_to_master,
+    multi_tensor_norms,
+    scale_copy,
+    unscale_and_check,
+)

@@ -98,7 +98,7 @@ def test_clip_grad_norm_matches_dense(rank, size, mesh):
 
 
 def test_embedding_and_vocab_parallel_cross_entropy(rank, size, mesh):
-    vocab, dim, n = 6, 4, 5
+    vocab, dim = 6, 4
     torch.manual_seed(4)
     emb_dense = torch.nn.Embedding(vocab, dim)
     head_dense = torch.nn.Linear(dim, vocab, bias=False)
