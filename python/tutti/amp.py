@@ -28,3 +28,18 @@ from ._C.amp import (  # noqa: F401  (the public API)
     scale_copy,
     unscale_and_check,
 )
+
+__all__ = [
+    "ClipResult",
+    "DynamicLossScaler",
+    "NonFiniteReport",
+    "ScaleUpdate",
+    "check_finite",
+    "clip_grad_norm",
+    "copy_master_to_model",
+    "grad_norm",
+    "model_grads_to_master",
+    "multi_tensor_norms",
+    "scale_copy",
+    "unscale_and_check",
+]

@@ -1,9 +1,10 @@
 # Type stubs for tutti.amp (tutti._C.amp).
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from tutti._C import ProcessGroup, Stateful, Tensor
+from tutti._C import ProcessGroup, Stateful
+from tutti._C import _Tensor as Tensor
 
-Groups = Union[ProcessGroup, Sequence[ProcessGroup], None]
+_Groups = Union[ProcessGroup, Sequence[ProcessGroup], None]
 
 class NonFiniteReport:
     def __init__(self, found: bool = False, tensors: Sequence[int] = ...) -> None: ...
@@ -72,12 +73,12 @@ class DynamicLossScaler(Stateful):
     @property
     def dynamic(self) -> bool: ...
     def unscale_and_check(self, grads: Sequence[Tensor], *,
-                          names: Optional[Sequence[str]] = None, groups: Groups = None,
+                          names: Optional[Sequence[str]] = None, groups: _Groups = None,
                           already_agreed: bool = False, stream: int = 0) -> bool: ...
     def check(self, grads: Sequence[Tensor], *, names: Optional[Sequence[str]] = None,
-              groups: Groups = None, already_agreed: bool = False, stream: int = 0) -> bool: ...
+              groups: _Groups = None, already_agreed: bool = False, stream: int = 0) -> bool: ...
     def agree(self, local: NonFiniteReport, *, names: Optional[Sequence[str]] = None,
-              groups: Groups = None, already_agreed: bool = False, stream: int = 0) -> bool: ...
+              groups: _Groups = None, already_agreed: bool = False, stream: int = 0) -> bool: ...
     @property
     def found_non_finite(self) -> bool: ...
     def update(self) -> ScaleUpdate: ...
@@ -96,4 +97,17 @@ class DynamicLossScaler(Stateful):
     @property
     def options(self) -> Dict[str, Any]: ...
 
-__all__: List[str]
+__all__ = [
+    "ClipResult",
+    "DynamicLossScaler",
+    "NonFiniteReport",
+    "ScaleUpdate",
+    "check_finite",
+    "clip_grad_norm",
+    "copy_master_to_model",
+    "grad_norm",
+    "model_grads_to_master",
+    "multi_tensor_norms",
+    "scale_copy",
+    "unscale_and_check",
+]

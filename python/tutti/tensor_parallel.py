@@ -37,3 +37,28 @@ from ._C.tensor_parallel import (  # noqa: F401  (the public API)
 REGIONS = ("copy_to_tp", "reduce_from_tp", "gather_from_tp", "scatter_to_tp",
            "gather_from_sequence_parallel", "reduce_scatter_to_sequence_parallel",
            "scatter_to_sequence_parallel")
+
+__all__ = [
+    "ProcessMesh",
+    "REGIONS",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TensorParallelLinear",
+    "VocabParallelCrossEntropy",
+    "VocabParallelEmbedding",
+    "copy_to_tp_backward",
+    "copy_to_tp_forward",
+    "gather_from_sequence_parallel_backward",
+    "gather_from_sequence_parallel_forward",
+    "gather_from_tp_backward",
+    "gather_from_tp_forward",
+    "grad_norm_squared",
+    "reduce_from_tp_backward",
+    "reduce_from_tp_forward",
+    "reduce_scatter_to_sequence_parallel_backward",
+    "reduce_scatter_to_sequence_parallel_forward",
+    "scatter_to_sequence_parallel_backward",
+    "scatter_to_sequence_parallel_forward",
+    "scatter_to_tp_backward",
+    "scatter_to_tp_forward",
+]

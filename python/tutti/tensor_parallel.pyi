@@ -2,7 +2,8 @@
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from tutti._C import ProcessMesh as ProcessMesh
-from tutti._C import Stateful, Tensor, TensorView
+from tutti._C import Stateful, TensorView
+from tutti._C import _Tensor as Tensor
 
 REGIONS: Tuple[str, ...]
 
@@ -43,11 +44,6 @@ class TensorParallelLinear(Stateful, _LayerParams):
     def in_features(self) -> int: ...
     @property
     def out_features(self) -> int: ...
-    @property
-    def sequence_parallel(self) -> bool: ...
-    def forward(self, input: Tensor, output: Tensor) -> None: ...
-    def backward(self, input: Tensor, grad_output: Tensor,
-                 grad_input: Optional[Tensor] = None) -> None: ...
 
 class ColumnParallelLinear(TensorParallelLinear):
     def __init__(self, mesh: ProcessMesh, in_features: int, out_features: int, *,
@@ -58,6 +54,11 @@ class ColumnParallelLinear(TensorParallelLinear):
     def gather_output(self) -> bool: ...
     @property
     def out_features_per_rank(self) -> int: ...
+    @property
+    def sequence_parallel(self) -> bool: ...
+    def forward(self, input: Tensor, output: Tensor) -> None: ...
+    def backward(self, input: Tensor, grad_output: Tensor,
+                 grad_input: Optional[Tensor] = None) -> None: ...
 
 class RowParallelLinear(TensorParallelLinear):
     def __init__(self, mesh: ProcessMesh, in_features: int, out_features: int, *,
@@ -68,6 +69,11 @@ class RowParallelLinear(TensorParallelLinear):
     def input_is_parallel(self) -> bool: ...
     @property
     def in_features_per_rank(self) -> int: ...
+    @property
+    def sequence_parallel(self) -> bool: ...
+    def forward(self, input: Tensor, output: Tensor) -> None: ...
+    def backward(self, input: Tensor, grad_output: Tensor,
+                 grad_input: Optional[Tensor] = None) -> None: ...
 
 class VocabParallelEmbedding(Stateful, _LayerParams):
     def __init__(self, mesh: ProcessMesh, vocab_size: int, embedding_dim: int, *,
@@ -102,4 +108,27 @@ def grad_norm_squared(mesh: ProcessMesh,
                       layers: Sequence[Union[TensorParallelLinear, VocabParallelEmbedding]],
                       stream: int = 0) -> float: ...
 
-__all__: List[str]
+__all__ = [
+    "ProcessMesh",
+    "REGIONS",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TensorParallelLinear",
+    "VocabParallelCrossEntropy",
+    "VocabParallelEmbedding",
+    "copy_to_tp_backward",
+    "copy_to_tp_forward",
+    "gather_from_sequence_parallel_backward",
+    "gather_from_sequence_parallel_forward",
+    "gather_from_tp_backward",
+    "gather_from_tp_forward",
+    "grad_norm_squared",
+    "reduce_from_tp_backward",
+    "reduce_from_tp_forward",
+    "reduce_scatter_to_sequence_parallel_backward",
+    "reduce_scatter_to_sequence_parallel_forward",
+    "scatter_to_sequence_parallel_backward",
+    "scatter_to_sequence_parallel_forward",
+    "scatter_to_tp_backward",
+    "scatter_to_tp_forward",
+]
