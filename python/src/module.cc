@@ -16,6 +16,8 @@ PYBIND11_MODULE(_C, m) {
   tutti::py::bind_dp(m);
   tutti::py::bind_amp(m);
   tutti::py::bind_tp(m);
+  tutti::py::bind_checkpoint(m);
+  tutti::py::bind_preemption(m);
   // Submodules become importable (`from tutti._C.amp import ...`).
   auto modules = pybind11::module_::import("sys").attr("modules");
   for (const char* sub : {"amp", "tensor_parallel"})

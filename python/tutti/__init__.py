@@ -56,7 +56,16 @@ from ._C import (  # noqa: F401  (re-exported API)
     size,
     world,
 )
-from . import amp, compression, tensor_parallel  # noqa: F401,E402
+from . import amp, checkpoint, compression, tensor_parallel  # noqa: F401,E402
+from .checkpoint import (  # noqa: F401,E402
+    PREEMPTED_EXIT_CODE,
+    CheckpointManager,
+    NoticeKind,
+    PreemptionMonitor,
+    exit_preempted,
+    list_checkpoints,
+    verify_checkpoint,
+)
 from ._functional import (  # noqa: F401
     allgather,
     allreduce,
@@ -74,5 +83,7 @@ SUM, AVG, MIN, MAX, PROD = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN,
                             ReduceOp.MAX, ReduceOp.PROD)
 
 # Python's atexit runs before the interpreter tears down objects that may
-# hold process groups; tutti's own C++ atexit hook is the fallback.
+# hold process groups; tutti's own C++ atexit hook is the fallback.  atexit
+# runs last-registered first: checkpoint saves finish before the shutdown.
 _atexit.register(_C.shutdown)
+_atexit.register(checkpoint.close_all)

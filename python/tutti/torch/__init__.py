@@ -91,7 +91,7 @@ from .mpi_ops import (  # noqa: F401
     synchronize,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
-from . import tensor_parallel  # noqa: F401,E402
+from . import checkpoint, tensor_parallel  # noqa: F401,E402
 
 
 def world():
