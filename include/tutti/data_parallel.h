@@ -143,7 +143,7 @@ class TUTTI_API NoSyncGuard {
   ReducerImpl* impl_;
 };
 
-class TUTTI_API Reducer {
+class TUTTI_API Reducer : public Stateful {
  public:
   // `group` is the data-parallel group.  Options are validated here
   // (kInvalidArgument).  Nothing collective happens before build().
@@ -208,6 +208,13 @@ class TUTTI_API Reducer {
   const ReducerOptions& options() const;
   const ProcessGroupPtr& group() const;
   ReducerStats stats() const;
+
+  // Stateful: "<name>/step" (int64 [1]), the reducing-step counter handed to
+  // the compressor (CompressContext::step; e.g. PowerSGD's start step), so
+  // a resumed run continues the count instead of restarting it at 0.  Load
+  // it between steps, after build().  (Compressor state travels separately:
+  // options().compressor is Stateful too.)
+  StateDict state_dict() override;
 
  private:
   std::unique_ptr<ReducerImpl> impl_;

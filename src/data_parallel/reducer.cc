@@ -310,6 +310,13 @@ const ReducerOptions& Reducer::options() const { return impl_->opt_; }
 const ProcessGroupPtr& Reducer::group() const { return impl_->group_; }
 ReducerStats Reducer::stats() const { return impl_->stats(); }
 
+StateDict Reducer::state_dict() {
+  NamedTensor step;
+  step.name = impl_->opt_.name + "/step";
+  step.tensor = Tensor(impl_->step_counter(), DType::kInt64, Shape{1});
+  return {step};
+}
+
 NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept : impl_(other.impl_) {
   other.impl_ = nullptr;
 }

@@ -82,6 +82,8 @@ class ReducerImpl {
   bool next_pass_reduces() const;
   int num_parameters() const;
   ReducerStats stats() const;
+  // The reducing-step counter (Reducer::state_dict views it).
+  int64_t* step_counter() { return &step_; }
 
   ProcessGroupPtr group_;
   ReducerOptions opt_;

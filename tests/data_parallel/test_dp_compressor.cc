@@ -130,6 +130,41 @@ TEST(Compressor, FailureSurfacesAndTheNextStepWorks) {
   EXPECT_TRUE(test::matches(params[0].grad, [&](int64_t i) { return (n - 1) / 2.0 + i; }));
 }
 
+// A resumed run continues the step count the compressor sees: the reducer's
+// state (its "<name>/step" tensor) loaded into a fresh reducer.
+TEST(Compressor, StepCountSurvivesAStateRoundTrip) {
+  auto params = test::make_params(kParams);
+  auto run_steps = [&](Reducer& r, int steps) {
+    for (int s = 0; s < steps; ++s) {
+      for (int i = r.num_parameters() - 1; i >= 0; --i) r.grad_ready(i);
+      ASSERT_TRUE(r.synchronize());
+    }
+  };
+  ReducerOptions o;
+  o.compressor = std::make_shared<Float64Compressor>();
+  o.name = "dpx";
+  Reducer first(world(), o);
+  test::register_all(first, params);
+  first.build();
+  run_steps(first, 3);
+  StateDict saved = first.state_dict();
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0].name, "dpx/step");
+  EXPECT_EQ(saved[0].tensor.data_as<int64_t>()[0], 3);
+  const int64_t saved_step = saved[0].tensor.data_as<int64_t>()[0];
+
+  auto comp = std::make_shared<Float64Compressor>();
+  o.compressor = comp;
+  Reducer second(world(), o);
+  test::register_all(second, params);
+  second.build();
+  StateDict target = second.state_dict();
+  target[0].tensor.data_as<int64_t>()[0] = saved_step;  // what a load does
+  second.on_state_loaded();
+  run_steps(second, 1);
+  EXPECT_EQ(comp->last_step.back(), 3) << "the fresh reducer continues at step 3";
+}
+
 TEST(Compressor, NeedsAverage) {
   ReducerOptions o;
   o.compressor = std::make_shared<Float64Compressor>();
