@@ -1,10 +1,11 @@
 // Data parallel: tutti.Reducer over DLPack parameter/gradient tensors.
 //
 // The reducer keeps views of the registered tensors for its lifetime; the
-// binding holds their DLPack capsules, so the memory stays alive even if the
-// framework drops its own reference (torch: `p.data = ...`).  grad_ready()
-// is called from autograd hooks and synchronize() waits for communication:
-// both release the GIL.
+// Python object holds their DLPack capsules (attribute `_tensors`), so the
+// memory stays alive even if the framework drops its own reference (torch:
+// `p.data = ...`).  grad_ready() is called from autograd hooks and
+// synchronize() waits for communication: both release the GIL.  The reducer
+// is a Stateful (its reducing-step counter, which compressors see).
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -19,12 +20,6 @@
 namespace tutti {
 namespace py {
 namespace {
-
-struct PyReducer {
-  // Declared first so they are released after the reducer.
-  std::vector<PyTensor> tensors;  // params and grads, alive while registered
-  std::shared_ptr<Reducer> reducer;
-};
 
 // A context manager over Reducer::no_sync(); keeps the reducer alive (a
 // NoSyncGuard must not outlive it).
@@ -89,8 +84,8 @@ void bind_dp(pyb::module_& m) {
         return false;
       });
 
-  pyb::class_<PyReducer>(
-      m, "Reducer",
+  pyb::class_<Reducer, Stateful, std::shared_ptr<Reducer>>(
+      m, "Reducer", pyb::dynamic_attr(),
       "Averages gradients over a data-parallel group while backward runs: "
       "register (param, grad) pairs, build(), then per backward pass "
       "grad_ready(i) as each gradient is final and synchronize() at the end.")
@@ -116,7 +111,7 @@ void bind_dp(pyb::module_& m) {
              }
              o.op = parse_grad_op(op);
              o.name = std::move(name);
-             return PyReducer{{}, std::make_shared<Reducer>(std::move(group), o)};
+             return std::make_shared<Reducer>(std::move(group), o);
            }),
            pyb::arg("group"), pyb::kw_only(), pyb::arg("bucket_cap_mb") = pyb::none(),
            pyb::arg("first_bucket_cap_mb") = pyb::none(),
@@ -129,75 +124,79 @@ void bind_dp(pyb::module_& m) {
            "compressor: a tutti.Compressor, a name ('powersgd'; 'none' for "
            "none), or None for the setting.  op: 'avg' or 'sum'.")
       .def("add_parameter",
-           [](PyReducer& r, const std::string& name, pyb::handle param, pyb::handle grad) {
+           [](pyb::object self, const std::string& name, pyb::handle param, pyb::handle grad) {
              const std::string pn = "parameter '" + name + "'";
              const std::string gn = "gradient of '" + name + "'";
              PyTensor p = import_tensor(param, pn.c_str());
              PyTensor g = import_tensor(grad, gn.c_str());
-             const int index = r.reducer->add_parameter(name, p.tensor, g.tensor);
-             r.tensors.push_back(std::move(p));
-             r.tensors.push_back(std::move(g));
+             const int index = self.cast<Reducer&>().add_parameter(name, p.tensor, g.tensor);
+             if (!pyb::hasattr(self, "_tensors")) self.attr("_tensors") = pyb::list();
+             pyb::list keep = self.attr("_tensors");
+             for (const PyTensor* t : {&p, &g}) {
+               keep.append(t->capsule);
+               keep.append(t->owner);
+             }
              return index;
            },
            pyb::arg("name"), pyb::arg("param"), pyb::arg("grad"),
            "Registers a parameter and the tensor its gradient accumulates in "
            "(both stay referenced while the reducer lives).  Returns the index "
            "grad_ready() takes.")
-      .def("build", [](PyReducer& r) {
+      .def("build", [](Reducer& r) {
         pyb::gil_scoped_release nogil;
-        r.reducer->build();
+        r.build();
       }, "Collective: plans buckets and checks that every rank registered the "
          "same parameters (MismatchError naming the first difference).")
-      .def("grad_ready", [](PyReducer& r, int index, int64_t stream) {
+      .def("grad_ready", [](Reducer& r, int index, int64_t stream) {
         pyb::gil_scoped_release nogil;
-        r.reducer->grad_ready(index, as_stream(stream));
+        r.grad_ready(index, as_stream(stream));
       }, pyb::arg("index"), pyb::arg("stream") = 0,
          "Gradient `index` is final for this pass; a complete bucket starts "
          "its all-reduce.  Never waits for communication.")
-      .def("synchronize", [](PyReducer& r, int64_t stream) {
+      .def("synchronize", [](Reducer& r, int64_t stream) {
         pyb::gil_scoped_release nogil;
-        return r.reducer->synchronize(as_stream(stream));
+        return r.synchronize(as_stream(stream));
       }, pyb::arg("stream") = 0,
          "Ends a backward pass.  True when it reduced (every gradient holds the "
          "average/sum, bit-identical on every rank); False for an "
          "accumulation pass.")
-      .def("no_sync", [](PyReducer& r) { return PyNoSync{r.reducer, nullptr}; },
+      .def("no_sync", [](std::shared_ptr<Reducer> r) { return PyNoSync{r, nullptr}; },
            "with reducer.no_sync(): ... accumulate without communicating.")
-      .def("broadcast_parameters", [](PyReducer& r, int root, int64_t stream) {
+      .def("broadcast_parameters", [](Reducer& r, int root, int64_t stream) {
         pyb::gil_scoped_release nogil;
-        r.reducer->broadcast_parameters(root, as_stream(stream));
+        r.broadcast_parameters(root, as_stream(stream));
       }, pyb::arg("root") = 0, pyb::arg("stream") = 0,
          "Collective: copies every registered parameter from `root`.")
       .def("broadcast_state",
-           [](PyReducer& r, pyb::handle state, int root, int64_t stream) {
+           [](Reducer& r, pyb::handle state, int root, int64_t stream) {
              if (pyb::isinstance<Stateful>(state)) {
                auto s = state.cast<std::shared_ptr<Stateful>>();
                pyb::gil_scoped_release nogil;
-               r.reducer->broadcast_state(*s, root, as_stream(stream));
+               r.broadcast_state(*s, root, as_stream(stream));
                return;
              }
              std::vector<PyTensor> keep;
              StateDict sd = state_from_mapping(state, &keep, "broadcast_state");
              pyb::gil_scoped_release nogil;
-             r.reducer->broadcast_state(sd, root, as_stream(stream));
+             r.broadcast_state(sd, root, as_stream(stream));
            },
            pyb::arg("state"), pyb::arg("root") = 0, pyb::arg("stream") = 0,
            "Collective: copies a dict name -> tensor (in place) or a tutti "
            "Stateful object's state from `root`.  Lists must agree across ranks.")
-      .def_property_readonly("buckets", [](PyReducer& r) {
+      .def_property_readonly("buckets", [](Reducer& r) {
         pyb::list out;
-        for (const auto& b : r.reducer->buckets()) out.append(bucket_to_dict(b));
+        for (const auto& b : r.buckets()) out.append(bucket_to_dict(b));
         return out;
       }, "The bucket plan after build(): [{id, dtype, device, numel, slots}].")
-      .def_property_readonly("num_parameters", [](PyReducer& r) {
-        return r.reducer->num_parameters();
+      .def_property_readonly("num_parameters", [](Reducer& r) {
+        return r.num_parameters();
       })
-      .def_property_readonly("next_pass_reduces", [](PyReducer& r) {
-        return r.reducer->next_pass_reduces();
+      .def_property_readonly("next_pass_reduces", [](Reducer& r) {
+        return r.next_pass_reduces();
       }, "True when the current/next synchronize() will communicate.")
-      .def_property_readonly("group", [](PyReducer& r) { return r.reducer->group(); })
-      .def_property_readonly("options", [](PyReducer& r) {
-        const ReducerOptions& o = r.reducer->options();
+      .def_property_readonly("group", [](Reducer& r) { return r.group(); })
+      .def_property_readonly("options", [](Reducer& r) {
+        const ReducerOptions& o = r.options();
         pyb::dict d;
         d["bucket_cap_mb"] = o.bucket_cap_mb;
         d["first_bucket_cap_mb"] = o.first_bucket_cap_mb;
@@ -209,13 +208,13 @@ void bind_dp(pyb::module_& m) {
         d["name"] = o.name;
         return d;
       })
-      .def("stats", [](PyReducer& r) { return stats_dict(r.reducer->stats()); },
+      .def("stats", [](Reducer& r) { return stats_dict(r.stats()); },
            "Counters: steps, accumulation_passes, buckets_reduced, "
            "buckets_launched_early, bytes_reduced, unready_gradients, "
            "wait_seconds, writeback_seconds, buffer_allocations.")
-      .def("__repr__", [](PyReducer& r) {
-        return "<tutti.Reducer '" + r.reducer->options().name + "' " +
-               std::to_string(r.reducer->num_parameters()) + " parameters>";
+      .def("__repr__", [](Reducer& r) {
+        return "<tutti.Reducer '" + r.options().name + "' " +
+               std::to_string(r.num_parameters()) + " parameters>";
       });
 }
 

@@ -153,7 +153,7 @@ class NoSync:
     def __enter__(self) -> NoSync: ...
     def __exit__(self, *args: Any) -> bool: ...
 
-class Reducer:
+class Reducer(Stateful):
     def __init__(self, group: ProcessGroup, *, bucket_cap_mb: Optional[float] = None,
                  first_bucket_cap_mb: Optional[float] = None,
                  backward_passes_per_step: int = 1, hierarchical: Optional[bool] = None,

@@ -71,6 +71,11 @@ def test_average_in_place_on_numpy(world, rank, size):
     s = r.stats()
     assert s["steps"] == 2 and s["buckets_reduced"] == 2 * len(PARAMS)
     assert s["bytes_reduced"] == 2 * sum(g.nbytes for g in grads)
+    # The reducer is Stateful: its reducing-step counter checkpoints.
+    assert isinstance(r, tutti.Stateful)
+    assert r.state_dict() == {"dp/step": np.array([2])}
+    r.load_state_dict({"dp/step": 7})
+    assert r.state_dict()["dp/step"][0] == 7
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])

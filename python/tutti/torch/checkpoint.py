@@ -21,7 +21,8 @@ What goes where (component names in the checkpoint):
 * ``scaler/...``: a ``tutti.torch.LossScaler``'s C++ state; a torch
   GradScaler's state_dict goes in the metadata.
 * ``compressor/...``: error-feedback residuals, PowerSGD factors (default:
-  the DistributedOptimizer's compressor).  Loaded when the world size is
+  the DistributedOptimizer's compressor); ``reducer/...``: the gradient
+  reducer's step counter (which PowerSGD's start step is compared with).  Loaded when the world size is
   unchanged, else kept fresh (with a logged warning).
 * ``rng/state``: per rank, torch's CPU and CUDA generators, Python's
   ``random`` and numpy's global generator (restored only when the world size
@@ -185,6 +186,15 @@ def _compressor_of(compressor, optimizer):
     return getattr(optimizer, "compressor", None) if optimizer is not None else None
 
 
+def _reducer_of(model, optimizer):
+    """The tutti.Reducer of a DistributedOptimizer or DistributedDataParallel."""
+    for owner in (optimizer, model):
+        r = getattr(owner, "reducer", None)
+        if isinstance(r, _C.Reducer):
+            return r
+    return None
+
+
 def save(manager, step, *, model=None, optimizer=None, scaler=None, compressor=None,
          data_position=None, rng=True, metadata=None):
     """Collective: saves the training state as checkpoint ``step``."""
@@ -204,6 +214,9 @@ def save(manager, step, *, model=None, optimizer=None, scaler=None, compressor=N
     comp = _compressor_of(compressor, optimizer)
     if comp is not None:
         state["compressor"] = comp
+    reducer = _reducer_of(model, optimizer)
+    if reducer is not None:
+        state["reducer"] = reducer
     if rng:
         state["rng"] = _rng_entry(_rng_blob())
     manager.save(step, state, meta)
@@ -233,11 +246,14 @@ def load(manager, *, model=None, optimizer=None, scaler=None, compressor=None, r
     comp = _compressor_of(compressor, optimizer)
     if comp is not None:
         state["compressor"] = comp
+    reducer = _reducer_of(model, optimizer)
+    if reducer is not None:
+        state["reducer"] = reducer
     blob = torch.zeros((1, RNG_BYTES), dtype=torch.uint8) if rng else None
     if rng:
         state["rng"] = _rng_entry(blob)
     res = manager.load(state, step=head["step"],
-                       optional=list(optional) + ["compressor/", "rng/"])
+                       optional=list(optional) + ["compressor/", "rng/", "reducer/"])
     if optimizer is not None:
         plain = {k: (v[0] if isinstance(v, tuple) else v) for k, v in opt_tensors.items()}
         _optimizer_restore(optimizer, meta["optimizer"], plain)
