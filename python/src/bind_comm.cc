@@ -82,22 +82,38 @@ void poison(ProcessGroup& g, CollectiveKind kind) {
 // tensors alive.
 pyb::object run(ProcessGroup& g, CollectiveKind kind, bool async_op,
                 const std::function<void(Call&)>& prepare) {
+  // Errors a rank finds on its own before any communication (arguments it
+  // cannot import; a device this group cannot route) are shared with its
+  // peers through poison().  Point-to-point operations have no agreement.
+  const bool collective = kind != CollectiveKind::kSend && kind != CollectiveKind::kRecv;
+  auto rejected = [&](const Error& e) {
+    return collective && g.size() > 1 &&
+           (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kUnsupported);
+  };
   Call c;
   c.request.kind = kind;
   try {
     prepare(c);
   } catch (const Error& e) {
-    const bool collective = kind != CollectiveKind::kSend && kind != CollectiveKind::kRecv;
-    if (collective && e.code() == ErrorCode::kInvalidArgument && g.size() > 1)
-      poison(g, kind);
+    if (rejected(e)) poison(g, kind);
     throw;
   }
   WorkPtr w;
+  std::exception_ptr routing_error;
   {
     pyb::gil_scoped_release nogil;
     // Blocking calls let an idle communicator run them on this thread.
-    w = g.submit(c.request, !async_op);
-    if (!async_op) w->wait();
+    try {
+      w = g.submit(c.request, !async_op);
+    } catch (const Error& e) {
+      if (!rejected(e)) throw;
+      routing_error = std::current_exception();
+    }
+    if (w && !async_op) w->wait();
+  }
+  if (routing_error) {
+    poison(g, kind);
+    std::rethrow_exception(routing_error);
   }
   if (!async_op) return pyb::none();
   PyWork pw{w, {}};
