@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
+import tutti  # noqa: E402
 import tutti.torch as hvd  # noqa: E402
 
 import horovod_mlp  # noqa: E402
@@ -89,3 +90,16 @@ def test_found_inf_agreement_for_torch_grad_scaler(rank, size):
     expect = 1.0 if size > 1 else 0.0
     assert agreed.item() == expect and flags[torch.device("cpu")].item() == expect
     assert issubclass(hvd.GradScaler, torch.cuda.amp.GradScaler)
+
+
+def test_overflow_at_the_minimum_scale_names_the_parameter(rank, size):
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    scaler = hvd.LossScaler(init_scale=1.0, min_scale=1.0)
+    x = torch.tensor([[float("inf") if rank == 0 else 1.0, 1.0]])
+    scaler.scale(model(x).sum()).backward()
+    scaler.step(opt)  # skipped: the averaged weight gradient is Inf everywhere
+    with pytest.raises(tutti.InvalidArgumentError, match="'weight'"):
+        scaler.update()
+    assert scaler.skipped_steps == 1

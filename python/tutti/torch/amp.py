@@ -149,12 +149,16 @@ class LossScaler:
         if self._stage.get(id(optimizer)) == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         _synchronized(optimizer)
+        # Messages name the parameters (a DistributedOptimizer knows them).
+        known = {}
+        if _distributed(optimizer):
+            known = {id(p): n for n, p in zip(optimizer._tutti.names, optimizer._tutti.params)}
         grads, names = [], []
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 if p.grad is not None:
                     grads.append(p.grad)
-                    names.append(f"param_groups[{gi}][{pi}]")
+                    names.append(known.get(id(p), f"param_groups[{gi}][{pi}]"))
         stream = next((stream_of(g) for g in grads if g.is_cuda), 0)
         self._scaler.unscale_and_check(grads, names=names, groups=self._groups_for(optimizer),
                                        stream=stream)
