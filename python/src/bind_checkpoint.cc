@@ -10,7 +10,15 @@
 // the GIL; an async save copies the state before save() returns.
 #include "bindings.h"
 
+#ifndef TUTTI_PY_HAS_CHECKPOINT  // normally set by python/CMakeLists.txt
 #if __has_include("tutti/checkpoint.h")
+#define TUTTI_PY_HAS_CHECKPOINT 1
+#else
+#define TUTTI_PY_HAS_CHECKPOINT 0
+#endif
+#endif
+
+#if TUTTI_PY_HAS_CHECKPOINT
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -146,11 +154,13 @@ void bind_checkpoint(pyb::module_& m) {
       "Collective over `group`.  state: {component: Stateful or {name: tensor "
       "or (tensor, shard dict)}}; metadata: a JSON-serialisable dict.")
       .def(pyb::init([](std::shared_ptr<ProcessGroup> group, std::string dir, int keep_last,
-                        bool async_save, double timeout, pyb::object mesh, int64_t stream) {
+                        bool async_save, double timeout, pyb::object mesh, bool direct_io,
+                        int64_t stream) {
              CheckpointOptions o;
              o.dir = std::move(dir);
              o.keep_last = keep_last;
              o.async = async_save;
+             o.direct_io = direct_io;
              o.timeout_s = timeout;
              if (!mesh.is_none())
                o.mesh_json = pyb::str(pyb::module_::import("json").attr("dumps")(mesh));
@@ -162,9 +172,11 @@ void bind_checkpoint(pyb::module_& m) {
            }),
            pyb::arg("group"), pyb::arg("dir") = "", pyb::kw_only(), pyb::arg("keep_last") = 0,
            pyb::arg("async_save") = true, pyb::arg("timeout") = 0.0,
-           pyb::arg("mesh") = pyb::none(), pyb::arg("stream") = 0,
+           pyb::arg("mesh") = pyb::none(), pyb::arg("direct_io") = true,
+           pyb::arg("stream") = 0,
            "dir '' means TUTTI_CKPT_DIR; keep_last <= 0 means TUTTI_CKPT_KEEP; "
-           "timeout <= 0 means TUTTI_CKPT_TIMEOUT.  Collective.")
+           "timeout <= 0 means TUTTI_CKPT_TIMEOUT.  direct_io: shard data written "
+           "with O_DIRECT (buffered where the file system has none).  Collective.")
       .def("save",
            [](PyCheckpointManager& self, int64_t step, pyb::handle state, pyb::object metadata) {
              Prepared p = prepare(state);
@@ -216,11 +228,21 @@ void bind_checkpoint(pyb::module_& m) {
            "`step`) into the state's tensors, resharding as needed.  Returns "
            "{step, name, metadata, saved_world_size, skipped} or None when there "
            "is none.  `optional`: names or 'prefix/' that may be absent.")
-      .def("latest_step", [](PyCheckpointManager& self) { return self.get().latest_step(); },
+      .def("latest_step", [](PyCheckpointManager& self) {
+        CheckpointManager& mgr = self.get();
+        pyb::gil_scoped_release nogil;
+        return mgr.latest_step();
+      },
            "Local: the newest complete checkpoint's step (not verified), or None.")
       .def("list", [](PyCheckpointManager& self) {
+        CheckpointManager& mgr = self.get();
+        std::vector<CheckpointInfo> all;
+        {
+          pyb::gil_scoped_release nogil;
+          all = mgr.list();
+        }
         pyb::list out;
-        for (const auto& i : self.get().list()) out.append(info_dict(i));
+        for (const auto& i : all) out.append(info_dict(i));
         return out;
       }, "Local: every checkpoint directory, oldest first.")
       .def_property_readonly("dir", [](PyCheckpointManager& self) { return self.get().dir(); })
@@ -233,6 +255,7 @@ void bind_checkpoint(pyb::module_& m) {
         d["snapshot_s"] = s.snapshot_s;
         d["write_s"] = s.write_s;
         d["commit_s"] = s.commit_s;
+        d["direct_io"] = s.direct_io;
         return d;
       })
       .def("close", &PyCheckpointManager::close,
@@ -245,8 +268,13 @@ void bind_checkpoint(pyb::module_& m) {
       });
 
   m.def("list_checkpoints", [](const std::string& dir) {
+    std::vector<CheckpointInfo> all;
+    {
+      pyb::gil_scoped_release nogil;
+      all = list_checkpoints(dir);
+    }
     pyb::list out;
-    for (const auto& i : list_checkpoints(dir)) out.append(info_dict(i));
+    for (const auto& i : all) out.append(info_dict(i));
     return out;
   }, pyb::arg("dir"), "Local: the checkpoint directories under `dir`, oldest first.");
   m.def("verify_checkpoint", [](const std::string& path) {

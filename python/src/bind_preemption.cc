@@ -7,7 +7,15 @@
 // shuts tutti down and raises SystemExit(PREEMPTED_EXIT_CODE) instead.
 #include "bindings.h"
 
+#ifndef TUTTI_PY_HAS_PREEMPTION  // normally set by python/CMakeLists.txt
 #if __has_include("tutti/preemption.h")
+#define TUTTI_PY_HAS_PREEMPTION 1
+#else
+#define TUTTI_PY_HAS_PREEMPTION 0
+#endif
+#endif
+
+#if TUTTI_PY_HAS_PREEMPTION
 #include <pybind11/stl.h>
 
 #include <memory>

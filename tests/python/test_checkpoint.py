@@ -55,6 +55,7 @@ def test_round_trip_with_metadata_and_stateful(world, rank, size, ckpt_dir):
         assert [c["step"] for c in mgr.list()] == [20, 30], "keep_last=2"
     assert mgr.list()[-1]["step"] == 30
     assert mgr.latest_step() == 30 and mgr.last_save_stats()["step"] == 30
+    assert [c["step"] for c in tutti.list_checkpoints(ckpt_dir)][-1] == 30
     assert tutti.verify_checkpoint(mgr.list()[-1]["path"]) == ""
     w.zero_()
     b[:] = 0
@@ -73,7 +74,7 @@ def test_round_trip_with_metadata_and_stateful(world, rank, size, ckpt_dir):
 
 def test_async_snapshot_isolation_and_safetensors_interop(world, rank, size, ckpt_dir):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
-    with tutti.CheckpointManager(world, ckpt_dir, async_save=True) as mgr:
+    with tutti.CheckpointManager(world, ckpt_dir, async_save=True, direct_io=False) as mgr:
         x = np.full((1, 1000), float(rank), np.float32)
         mgr.save(1, {"m": {"x": (x, {"global_shape": [size, 1000], "dim": 0, "offset": rank})}})
         x[:] = -1  # after save() returned: not in the checkpoint
