@@ -203,7 +203,8 @@ void bind_amp(pyb::module_& parent) {
         "The global gradient norm (2 or inf); partial norms combined over the "
         "model-parallel `group` (collective there), `replicated` tensors counted once.");
 
-  pyb::class_<amp::ClipResult>(m, "ClipResult")
+  pyb::class_<amp::ClipResult>(m, "ClipResult",
+                               "What clip_grad_norm did: total_norm, clip_coef, clipped, non_finite.")
       .def_readonly("total_norm", &amp::ClipResult::total_norm)
       .def_readonly("clip_coef", &amp::ClipResult::clip_coef)
       .def_readonly("clipped", &amp::ClipResult::clipped)

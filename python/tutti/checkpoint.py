@@ -45,6 +45,7 @@ def _missing(what):
             "(include/tutti/checkpoint.h and preemption.h were not part of the tree "
             "it was built from)")
     fail.__name__ = what
+    fail.__doc__ = f"{what}: not in this build (raises UnsupportedError)."
     return fail
 
 

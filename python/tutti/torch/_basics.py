@@ -34,6 +34,7 @@ def shutdown():
 
 
 def is_initialized():
+    """True between init() and shutdown()."""
     return _C.initialized()
 
 
@@ -82,10 +83,12 @@ def is_homogeneous():
 
 
 def mpi_built():
+    """True: tutti always runs over MPI."""
     return True
 
 
 def mpi_enabled():
+    """True: tutti always runs over MPI."""
     return True
 
 
@@ -95,10 +98,12 @@ def mpi_threads_supported():
 
 
 def gloo_built():
+    """False: tutti has no Gloo backend."""
     return False
 
 
 def gloo_enabled():
+    """False: tutti has no Gloo backend."""
     return False
 
 
@@ -108,8 +113,10 @@ def nccl_built():
 
 
 def cuda_built():
+    """True when tutti was compiled with CUDA."""
     return _C.cuda_built()
 
 
 def rocm_built():
+    """False: tutti has no ROCm build."""
     return False

@@ -77,10 +77,12 @@ class GradScaler(torch.cuda.amp.GradScaler):
         return per_device
 
     def unscale_(self, optimizer):
+        """GradScaler.unscale_ after a DistributedOptimizer's reduction."""
         _synchronized(optimizer)
         return super().unscale_(optimizer)
 
     def step(self, optimizer, *args, **kwargs):
+        """GradScaler.step with the agreed found_inf (no second reduction)."""
         _synchronized(optimizer)
         with _no_second_sync(optimizer):
             return super().step(optimizer, *args, **kwargs)
@@ -117,9 +119,11 @@ class LossScaler:
         return self._scaler
 
     def is_enabled(self):
+        """False when constructed with enabled=False (every call is a no-op)."""
         return self._enabled
 
     def get_scale(self):
+        """The current loss scale (1.0 when disabled)."""
         return self._scaler.scale if self._enabled else 1.0
 
     def scale(self, outputs):

@@ -54,6 +54,7 @@ class Compressor:
         return tensor, None
 
     def decompress(self, tensor, ctx):
+        """The inverse of compress(): back to the original dtype."""
         return tensor if ctx is None else tensor.to(ctx)
 
     def make(self):

@@ -50,6 +50,8 @@ class DistributedDataParallel(torch.nn.Module):
         return self._tutti.compressor
 
     def forward(self, *inputs, **kwargs):
+        """Re-broadcasts rank 0's buffers (training, broadcast_buffers), then
+        runs the wrapped module."""
         if self.broadcast_buffers and torch.is_grad_enabled() and self.training:
             buffers = [b for b in self.module.buffers()]
             if buffers:

@@ -51,6 +51,7 @@ class Handle:
         self._done = False
 
     def wait(self):
+        """Blocks until done and returns the output tensor."""
         if not self._done:
             self._work.wait()
             if self._finish is not None:
@@ -59,6 +60,7 @@ class Handle:
         return self._output
 
     def poll(self):
+        """True once the operation completed (raises its error if it failed)."""
         return self._done or self._work.test()
 
 
@@ -201,6 +203,7 @@ def allgather(tensor, name=None, process_set=None):
 # ---- broadcast ----------------------------------------------------------------
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Starts an in-place broadcast from root_rank; returns a Handle."""
     work = group_or_world(process_set).broadcast(
         export(tensor), root=root_rank, name=name or "", async_op=True,
         stream=stream_of(tensor))
@@ -213,6 +216,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Starts an out-of-place broadcast; synchronize(handle) returns a new
+    tensor holding root_rank's."""
     out = export(tensor).clone(memory_format=torch.contiguous_format)
     return broadcast_async_(out, root_rank, name, process_set)
 

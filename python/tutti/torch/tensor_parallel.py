@@ -172,6 +172,7 @@ class ColumnParallelLinear(_TPModule):
         super().__init__(layer, mesh, seed)
 
     def forward(self, x):
+        """x [..., in] (sequence parallel: [s/p, ..., in]) -> the layer's output."""
         p = self.mesh.tp_size
         s = tuple(x.shape)
         out = s[:-1] + (self.layer.out_features if self.layer.gather_output
@@ -196,6 +197,7 @@ class RowParallelLinear(_TPModule):
         super().__init__(layer, mesh, seed)
 
     def forward(self, x):
+        """x [..., in/p] (input_is_parallel) or [..., in] -> [..., out]."""
         s = tuple(x.shape)
         out = s[:-1] + (self.layer.out_features,)
         if self.layer.sequence_parallel:
@@ -216,6 +218,7 @@ class VocabParallelEmbedding(_TPModule):
         self.sequence_parallel = sequence_parallel
 
     def forward(self, ids):
+        """ids [...] (int32/int64, the same on every TP rank) -> [..., dim]."""
         s = tuple(ids.shape)
         if self.sequence_parallel:
             s = (_split(s[0], self.mesh.tp_size, "VocabParallelEmbedding sequence"),) + s[1:]
@@ -263,6 +266,7 @@ class VocabParallelCrossEntropy(torch.nn.Module):
         self._calls = 0
 
     def forward(self, logits, targets):
+        """logits [..., V/p] (this rank's vocabulary slice), targets [...] -> mean loss."""
         self._calls += 1
         return _CrossEntropyFn.apply(logits, targets, self, self._calls)
 
