@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and runs the demo under
-# mpirun on the CPU.  (Until the end-to-end demo lands this runs the
-# quickstart example: an all-reduce round on every rank.)
+# The main job (README command one): installs what is missing, builds, and
+# runs a data-parallel training job under tutti-run/mpirun on the CPU that
+# goes through a spot interruption: compressed all-reduce, float16 loss
+# scaling, asynchronous checkpoints, a mock AWS spot notice mid-run, the
+# coordinated save-and-exit, the automatic restart, and training finishing
+# from the checkpoint with the same parameters an uninterrupted run ends
+# with.  Writes demo-out/ (logs, checkpoints, loss.png).
 #
-#   scripts/demo.sh            # 2 ranks
-#   TUTTI_DEMO_NP=4 scripts/demo.sh
+#   scripts/demo.sh                       # 4 ranks, 300 steps
+#   scripts/demo.sh --np 2 --steps 200 --compression onebit
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 BUILD=${TUTTI_BUILD_DIR:-build}
-NP=${TUTTI_DEMO_NP:-2}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 scripts/install_deps.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="${TUTTI_CUDA_ARCHITECTURES:-90}" > /dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target quickstart
-mpirun --oversubscribe --bind-to none -np "$NP" "$BUILD/examples/quickstart/quickstart"
+cmake --build "$BUILD" -j "$(nproc)" --target dp_train
+exec .venv/bin/python scripts/demo.py --build "$BUILD" "$@"

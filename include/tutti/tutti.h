@@ -6,6 +6,7 @@
 #define TUTTI_VERSION_PATCH 0
 
 #include "tutti/amp.h"
+#include "tutti/checkpoint.h"
 #include "tutti/comm.h"
 #include "tutti/config.h"
 #include "tutti/data_parallel.h"
@@ -14,6 +15,7 @@
 #include "tutti/error.h"
 #include "tutti/log.h"
 #include "tutti/mesh.h"
+#include "tutti/preemption.h"
 #include "tutti/process_group.h"
 #include "tutti/state.h"
 #include "tutti/tensor.h"

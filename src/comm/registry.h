@@ -16,6 +16,9 @@ namespace comm {
 
 void register_communicator(const std::shared_ptr<mpi::MpiCommunicator>& c);
 void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c);
+// A communicator timed out (its requests may never complete): shutdown()
+// must not finalise MPI, even once that communicator is gone.
+void note_communicator_poisoned();
 
 }  // namespace comm
 }  // namespace tutti

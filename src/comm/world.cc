@@ -1,4 +1,5 @@
 // tutti::init / shutdown and the world group.
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -29,6 +30,7 @@ struct WorldState {
   std::mutex registry_mu;
   std::vector<std::weak_ptr<mpi::MpiCommunicator>> mpi_comms;
   std::vector<std::weak_ptr<nccl::NcclCommunicator>> nccl_comms;
+  std::atomic<bool> any_poisoned{false};
 };
 
 WorldState& state() {
@@ -60,6 +62,7 @@ void register_communicator(const std::shared_ptr<mpi::MpiCommunicator>& c) {
   std::lock_guard<std::mutex> lock(s.registry_mu);
   s.mpi_comms.push_back(c);
 }
+void note_communicator_poisoned() { state().any_poisoned = true; }
 void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c) {
   if (!c) return;
   auto& s = state();
@@ -137,7 +140,7 @@ void shutdown() {
     s.nccl_comms.clear();
     s.mpi_comms.clear();
   }
-  bool poisoned = false;
+  bool poisoned = s.any_poisoned.load();
   for (auto& c : nccls) c->close();
   for (auto& c : mpis) {
     poisoned = poisoned || c->poisoned();

@@ -69,9 +69,15 @@ const std::vector<SettingInfo> kSettings = {
      "Complete checkpoints to keep (never fewer than 1)."},
     {"TUTTI_CKPT_MAX_HEADER_MB", "int", "100",
      "Largest safetensors JSON header the loader accepts."},
+    {"TUTTI_CKPT_TIMEOUT", "float", "0",
+     "Seconds a rank waits for the others while agreeing on a checkpoint save "
+     "or load (a rank that failed makes every rank raise at once; this bounds "
+     "a rank that hangs or died); 0 uses TUTTI_TIMEOUT."},
     {"TUTTI_FAULT_INJECT", "string", "",
-     "Testing only: kill this rank with SIGKILL at a named checkpoint point, "
-     "e.g. 'after_shard_write' or 'before_latest:rank=1'."},
+     "Testing only: <point>[:rank=R][:hit=K][:action=kill|fail|stall], "
+     "comma-separated; kills this rank with SIGKILL (or fails or stalls it) "
+     "at a named checkpoint point, e.g. 'after_shard_write' or "
+     "'between_manifest_and_latest:rank=0' (docs/checkpoint.md lists them)."},
     // ---- preemption
     {"TUTTI_PREEMPT_SOURCES", "string", "signals,file",
      "Comma-separated preemption notice sources: signals, file, aws, gcp, "
@@ -79,8 +85,12 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_PREEMPT_POLL_MS", "int", "1000",
      "Poll interval of the metadata-endpoint and trigger-file sources."},
     {"TUTTI_PREEMPT_FILE", "string", "/tmp/tutti-preempt",
-     "Trigger file: its existence is a preemption notice (Kubernetes "
-     "preStop hooks create it)."},
+     "Trigger file: its creation (or a touch) is a preemption notice "
+     "(Kubernetes preStop hooks create it); a file left from an earlier run "
+     "counts only once touched."},
+    {"TUTTI_PREEMPT_STOP_ON_REBALANCE", "bool", "0",
+     "Also stop (checkpoint and exit 75) on an AWS rebalance recommendation, "
+     "not only on an interruption notice."},
     {"TUTTI_AWS_METADATA_URL", "string", "http://169.254.169.254",
      "AWS instance metadata service base URL (IMDSv2)."},
     {"TUTTI_GCP_METADATA_URL", "string", "http://metadata.google.internal",

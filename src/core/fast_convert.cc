@@ -5,6 +5,7 @@
 #include "tutti/dtype.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -12,9 +13,15 @@ namespace tutti {
 namespace {
 
 #if defined(__x86_64__)
+// F16C through cpuid (leaf 1, ECX bit 29): clang's __builtin_cpu_supports
+// does not know "f16c".
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+
 bool have_f16c() {
-  static const bool has = __builtin_cpu_supports("f16c") &&
-                          __builtin_cpu_supports("avx2");
+  static const bool has = cpu_has_f16c() && __builtin_cpu_supports("avx2");
   return has;
 }
 

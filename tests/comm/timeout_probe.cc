@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
       std::printf("PROBE-FAIL rank %d: %s\n", rank, e.what());
   }
   std::fflush(stdout);
+  // The first rank to exit without MPI_Finalize makes mpiexec kill the
+  // rest: give the peers that timed out at about the same time the moment
+  // they need to print their verdict.
+  sleep(1);
   tutti::shutdown();
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/cpu_work.h"
+#include "comm/registry.h"
 #include "comm/staged_work.h"
 #include "core/cpu_reduce.h"
 #include "tutti/config.h"
@@ -317,6 +318,9 @@ void MpiCommunicator::check_agreement(MPI_Comm check_comm,
 void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
                                    double seconds, const char* phase) {
   poisoned_ = true;
+  // Remembered process-wide: shutdown() must not finalise MPI even after
+  // this communicator is destroyed (MPI_Finalize would wait for the peer).
+  comm::note_communicator_poisoned();
   std::vector<int> peers;
   int me_world = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me_world);

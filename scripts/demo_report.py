@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Summarises a dp_train JSONL log (possibly several runs joined by restarts)
+and draws the loss curve with the interruption marked.
+
+    scripts/demo_report.py demo-out/train.jsonl [--reference demo-out/train-ref.jsonl]
+                           [--png demo-out/loss.png]
+"""
+import argparse
+import json
+import sys
+
+
+def load(path):
+    steps, events = [], []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            (events if "event" in rec else steps).append(rec)
+    return steps, events
+
+
+def summarise(steps, events):
+    """Figures for one (possibly interrupted) training job."""
+    runs = sorted({s["run"] for s in steps})
+    out = {"runs": len(runs)}
+    samples = sum(s["samples"] for s in steps)
+    # Training time: per run, from its first to its last logged step, plus
+    # one mean step (the first step's own duration).
+    train_time = 0.0
+    per_run_last = {}
+    for r in runs:
+        ts = [s["t"] for s in steps if s["run"] == r]
+        if len(ts) > 1:
+            train_time += (ts[-1] - ts[0]) * len(ts) / (len(ts) - 1)
+        per_run_last[r] = [s for s in steps if s["run"] == r][-1]
+    out["samples"] = samples
+    out["throughput"] = samples / train_time if train_time > 0 else 0.0
+    out["wall"] = steps[-1]["t"] - steps[0]["t"] if steps else 0.0
+    raw = sum(per_run_last[r]["raw_bytes"] for r in runs)
+    wire = sum(per_run_last[r]["wire_bytes"] for r in runs)
+    out["compression"] = raw / wire if wire else 1.0
+    out["wire_mb"] = wire / 1e6
+    ck = [e for e in events if e["event"] == "checkpoint"]
+    periodic = [e["blocking_s"] for e in ck if e.get("reason") == "periodic"]
+    out["ckpt_count"] = len(ck)
+    out["ckpt_block_mean_ms"] = 1e3 * sum(periodic) / len(periodic) if periodic else 0.0
+    out["ckpt_block_max_ms"] = 1e3 * max(periodic) if periodic else 0.0
+    out["ckpt_mb"] = ck[-1]["bytes"] / 1e6 if ck else 0.0
+    notices = [e for e in events if e["event"] == "notice"]
+    out["interruptions"] = len(notices)
+    lost = 0.0
+    out["notice_steps"] = [e["step"] for e in notices]
+    for n in notices:
+        # From the notice to the next run's first step, less one step's time:
+        # saving, exiting, the restart, loading, and no recomputed steps (the
+        # checkpoint is taken at the notice step).
+        later = [s for s in steps if s["run"] > n["run"]]
+        if later:
+            run_steps = [s for s in steps if s["run"] == n["run"]]
+            step_time = (run_steps[-1]["t"] - run_steps[0]["t"]) / max(1, len(run_steps) - 1)
+            lost += later[0]["t"] - n["t"] - step_time
+    out["lost_s"] = lost
+    resumed = [e for e in events if e["event"] == "resume"]
+    out["resumed_from"] = [e["step"] for e in resumed]
+    out["recomputed_steps"] = sum(max(0, n["step"] - r["step"]) for n, r in zip(notices, resumed))
+    out["skipped"] = sum(1 for s in steps if s["skipped"])
+    out["final_loss"] = steps[-1]["loss"] if steps else float("nan")
+    return out
+
+
+def table(s, ref=None):
+    rows = [
+        ("throughput", f"{s['throughput']:.0f} samples/s"),
+        ("final loss", f"{s['final_loss']:.4f}"),
+        ("loss-scale overflows (skipped steps)", f"{s['skipped']}"),
+        ("gradient bytes sent per rank", f"{s['wire_mb']:.1f} MB"),
+        ("compression ratio", f"x{s['compression']:.1f}"),
+        ("checkpoints committed", f"{s['ckpt_count']} ({s['ckpt_mb']:.2f} MB per rank each)"),
+        ("checkpoint blocking time", f"{s['ckpt_block_mean_ms']:.2f} ms mean, {s['ckpt_block_max_ms']:.2f} ms max"),
+        ("interruptions", f"{s['interruptions']} (notice at step {', '.join(map(str, s['notice_steps'])) or '-'})"),
+        ("steps recomputed after restart", f"{s['recomputed_steps']}"),
+        ("time lost to the interruption", f"{s['lost_s']:.2f} s (save, exit, restart, load)"),
+        ("wall time", f"{s['wall']:.1f} s"),
+    ]
+    if ref is not None:
+        rows.append(("uninterrupted run, wall time", f"{ref['wall']:.1f} s"))
+    w = max(len(k) for k, _ in rows)
+    line = "+" + "-" * (w + 2) + "+" + "-" * 52 + "+"
+    out = [line]
+    for k, v in rows:
+        out.append(f"| {k:<{w}} | {v:<50} |")
+    out.append(line)
+    return "\n".join(out)
+
+
+def plot(steps, events, ref_steps, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("demo_report: matplotlib is not available; no plot", file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
+    if ref_steps:
+        ax.plot([s["step"] for s in ref_steps], [s["loss"] for s in ref_steps],
+                color="0.6", lw=2.5, label="uninterrupted run", zorder=1)
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    for r in sorted({s["run"] for s in steps}):
+        rs = [s for s in steps if s["run"] == r]
+        ax.plot([s["step"] for s in rs], [s["loss"] for s in rs], color=colors[r % 4], lw=1.2,
+                label="run %d%s" % (r, " (resumed from checkpoint)" if r else ""), zorder=2)
+    for n in [e for e in events if e["event"] == "notice"]:
+        ax.axvline(n["step"], color="red", ls="--", lw=1)
+        ax.annotate(f"spot interruption ({n.get('source', '?')} notice)\ncheckpoint at step {n['step']}, restart",
+                    xy=(n["step"], ax.get_ylim()[1] * 0.9), xytext=(8, 0), textcoords="offset points",
+                    color="red", fontsize=9, va="top")
+    skipped = [s for s in steps if s["skipped"]]
+    if skipped:
+        ax.scatter([s["step"] for s in skipped], [s["loss"] for s in skipped], marker="x",
+                   color="black", s=18, label="skipped step (loss-scale overflow)", zorder=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_yscale("log")
+    ax.set_title("tutti: data-parallel training through a spot interruption")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("log")
+    ap.add_argument("--reference")
+    ap.add_argument("--png")
+    args = ap.parse_args()
+    steps, events = load(args.log)
+    if not steps:
+        sys.exit("demo_report: no steps in " + args.log)
+    s = summarise(steps, events)
+    ref_steps, ref = None, None
+    if args.reference:
+        ref_steps, ref_events = load(args.reference)
+        ref = summarise(ref_steps, ref_events)
+    print(table(s, ref))
+    if args.png and plot(steps, events, ref_steps, args.png):
+        print(f"loss curve: {args.png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+// The commit protocol of one save (see include/tutti/checkpoint.h and
+// docs/checkpoint.md), run collectively on the manager's communicator:
+//   0. rank 0 picks the directory name (step-N, or step-N.k when step N is
+//      already committed), removes an incomplete leftover of that name,
+//      creates it, and broadcasts the choice;
+//   1. every rank writes its shard durably (shard_writer.h);
+//   2. the ranks allgather {ok, size, header checksum}: any failure raises
+//      on every rank, naming the ranks that failed;
+//   3. rank 0 sets newer (abandoned) checkpoints aside, writes manifest.json
+//      (temp + fsync + rename + directory fsync) and then `latest`;
+//   4. rank 0 broadcasts whether the manifest is durable: every rank's save
+//      returns (or raises) only now;
+//   5. rank 0 applies retention.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/snapshot.h"
+#include "tutti/process_group.h"
+
+namespace tutti {
+namespace ckpt {
+
+struct CommitConfig {
+  std::string root;
+  int keep_last = 1;
+  double timeout_s = 0;
+  nlohmann::json mesh;
+  bool direct_io = true;
+};
+
+struct CommitTimes {
+  double write_s = 0;
+  double commit_s = 0;
+  bool direct_io = false;
+};
+
+// Returns the committed checkpoint's directory name.
+std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
+                               int64_t step, const Snapshot& snap,
+                               const nlohmann::json& metadata,
+                               const std::vector<std::string>& components,
+                               CommitTimes* times);
+
+}  // namespace ckpt
+}  // namespace tutti

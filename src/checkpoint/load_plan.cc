@@ -1,0 +1,152 @@
+#include "checkpoint/load_plan.h"
+
+#include <algorithm>
+
+#include <xxhash.h>
+
+#include "checkpoint/catalog.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/untrusted_json.h"
+#include "core/check.h"
+#include "tutti/log.h"
+
+namespace tutti {
+namespace ckpt {
+bool is_optional(const std::string& name, const LoadOptions& options) {
+  for (const auto& o : options.optional) {
+    if (o == name) return true;
+    if (!o.empty() && o.back() == '/' && name.compare(0, o.size(), o) == 0) return true;
+  }
+  return false;
+}
+
+OpenedCheckpoint open_checkpoint(const std::string& dir) {
+  OpenedCheckpoint c;
+  c.dir = dir;
+  const std::string mpath = join_path(dir, kManifestName);
+  c.manifest = parse_manifest(read_file(mpath, max_header_bytes()), mpath);
+  const size_t slash = dir.find_last_of('/');
+  const std::string base = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  if (c.manifest.name != base)
+    TUTTI_THROW(kCorrupt, "'", mpath, "' names the checkpoint '", c.manifest.name,
+                "' but lies in '", base, "'");
+  for (const auto& rec : c.manifest.shards) {
+    const std::string path = join_path(dir, rec.file);
+    if (!path_exists(path))
+      TUTTI_THROW(kCorrupt, "'", path, "' is missing (the manifest lists it)");
+    const uint64_t size = file_size(path);
+    if (size != rec.bytes)
+      TUTTI_THROW(kCorrupt, "'", path, "' has ", size, " bytes; the manifest says ",
+                  rec.bytes);
+    std::string header;
+    ShardIndex idx = read_shard_index(path, &header);
+    const uint64_t h = XXH64(header.data(), header.size(), 0);
+    if (h != rec.header_xxh64)
+      TUTTI_THROW(kCorrupt, "'", path, "': header checksum ", hex64(h),
+                  " does not match the manifest's ", hex64(rec.header_xxh64));
+    if (idx.rank != rec.rank || idx.world_size != c.manifest.world_size ||
+        idx.step != c.manifest.step || idx.tensors.size() != rec.tensors)
+      TUTTI_THROW(kCorrupt, "'", path, "' describes rank ", idx.rank, " of ",
+                  idx.world_size, " at step ", idx.step, " with ", idx.tensors.size(),
+                  " tensors; the manifest expects rank ", rec.rank, " of ",
+                  c.manifest.world_size, " at step ", c.manifest.step, " with ",
+                  rec.tensors);
+    c.shards.push_back(std::move(idx));
+  }
+  for (size_t s = 0; s < c.shards.size(); ++s)
+    for (const auto& t : c.shards[s].tensors)
+      c.pieces[t.name].push_back({static_cast<int>(s), &t});
+  for (const auto& kv : c.pieces) {
+    const StoredTensor* first = kv.second.front().second;
+    for (const auto& p : kv.second) {
+      if (p.second->dtype != first->dtype ||
+          p.second->placement.global_shape != first->placement.global_shape)
+        TUTTI_THROW(kCorrupt, "checkpoint '", dir, "': tensor '", kv.first,
+                    "' is ", dtype_safetensors_name(first->dtype),
+                    shape_str(first->placement.global_shape), " in shard ",
+                    kv.second.front().first, " but ",
+                    dtype_safetensors_name(p.second->dtype),
+                    shape_str(p.second->placement.global_shape), " in shard ",
+                    p.first);
+    }
+  }
+  return c;
+}
+
+LoadPlan plan_load(const OpenedCheckpoint& ckpt, const StateDict& dst,
+                   const LoadOptions& options, int rank) {
+  LoadPlan plan;
+  const int nshards = static_cast<int>(ckpt.shards.size());
+  std::set<std::string> wanted;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const NamedTensor& nt = dst[i];
+    const std::string what = "tensor '" + nt.name + "'";
+    TUTTI_ARG_CHECK(wanted.insert(nt.name).second, what,
+                    " appears twice in the state to load");
+    const Placement dp = make_placement(nt.tensor.shape().vec(), nt.shard,
+                                        ErrorCode::kInvalidArgument, what);
+    const bool optional = is_optional(nt.name, options);
+    auto it = ckpt.pieces.find(nt.name);
+    std::string problem;
+    if (it == ckpt.pieces.end()) {
+      problem = detail::cat("is not in checkpoint ", ckpt.manifest.name, " (it holds ",
+                            ckpt.pieces.size(), " tensor names, written by ",
+                            nshards, " ranks)");
+    } else {
+      const StoredTensor* first = it->second.front().second;
+      if (first->dtype != nt.tensor.dtype())
+        problem = detail::cat("is ", dtype_name(nt.tensor.dtype()),
+                              " but checkpoint ", ckpt.manifest.name, " stores ",
+                              dtype_name(first->dtype));
+      else if (first->placement.global_shape != dp.global_shape)
+        problem = detail::cat("has global shape ", shape_str(dp.global_shape),
+                              " but checkpoint ", ckpt.manifest.name, " stores ",
+                              shape_str(first->placement.global_shape));
+    }
+    if (!problem.empty()) {
+      if (optional) {
+        TUTTI_LOG(kWarn) << "checkpoint load: optional " << what << " " << problem
+                         << "; it keeps its current value";
+        plan.skipped.push_back(nt.name);
+        continue;
+      }
+      TUTTI_THROW(kMismatch, what, " ", problem);
+    }
+    // Prefer this rank's own shard, then the following ones, so that ranks
+    // spread their reads of replicated tensors.
+    std::vector<std::pair<int, const StoredTensor*>> order = it->second;
+    const int start = nshards > 0 ? rank % nshards : 0;
+    std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+      return (a.first - start + nshards) % nshards < (b.first - start + nshards) % nshards;
+    });
+    const std::vector<Run> dst_runs = placement_runs(dp);
+    const uint64_t need = static_cast<uint64_t>(nt.tensor.numel());
+    IntervalSet covered;
+    PlanItem item;
+    item.dst = i;
+    for (const auto& p : order) {
+      if (covered.total() >= need) break;
+      PieceCopies pc;
+      pc.shard = p.first;
+      pc.piece = p.second;
+      pc.copies = plan_copies(placement_runs(p.second->placement), dst_runs, covered);
+      if (pc.copies.empty()) continue;
+      plan.shards_read.insert(p.first);
+      item.sources.push_back(std::move(pc));
+    }
+    // covered counts global elements, and dst_runs hold exactly `need`.
+    if (covered.total() < need) {
+      TUTTI_THROW(kCorrupt, "checkpoint ", ckpt.manifest.name, " lacks ",
+                  need - covered.total(), " of the ", need,
+                  " elements this rank needs of ", what,
+                  " (no shard holds them; was it written by a different job?)");
+    }
+    plan.items.push_back(std::move(item));
+  }
+  for (const auto& kv : ckpt.pieces)
+    if (!wanted.count(kv.first)) ++plan.unused;
+  return plan;
+}
+
+}  // namespace ckpt
+}  // namespace tutti

@@ -1,0 +1,154 @@
+#include "checkpoint/shard_reader.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include <xxhash.h>
+
+#include "checkpoint/file_util.h"
+#include "checkpoint/untrusted_json.h"
+#include "core/check.h"
+#include "core/cuda_utils.h"
+
+namespace tutti {
+namespace ckpt {
+namespace {
+
+constexpr uint64_t kChunk = 16ull << 20;   // verification read size
+constexpr uint64_t kStaging = 64ull << 20;  // staging buffer for scattered runs
+constexpr uint64_t kDirect = 1ull << 20;    // host runs this large skip staging
+
+struct XxhState {
+  XXH64_state_t* s = XXH64_createState();
+  ~XxhState() { XXH64_freeState(s); }
+};
+
+// Returns the pooled buffer on every path out.
+struct PooledBuffer {
+  HostBufferPool& pool;
+  HostBuffer buf;
+  PooledBuffer(HostBufferPool& p, size_t n) : pool(p), buf(p.acquire(n)) {}
+  ~PooledBuffer() { pool.release(std::move(buf)); }
+  unsigned char* data() { return buf.as<unsigned char>(); }
+};
+
+void copy_out(const Tensor& dst, uint64_t dst_byte, const unsigned char* src, size_t n) {
+  if (n == 0) return;
+  char* to = static_cast<char*>(dst.data()) + dst_byte;
+  if (!dst.is_cuda()) {
+    std::memcpy(to, src, n);
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  cuda::DeviceGuard guard(dst.device().index);
+  TUTTI_CUDA_CHECK(cudaMemcpy(to, src, n, cudaMemcpyHostToDevice));
+#else
+  TUTTI_THROW(kUnsupported, "a checkpoint load reached a tensor on ",
+              dst.device().str(), " in a build without CUDA support");
+#endif
+}
+
+void read_piece(const File& f, uint64_t base, const std::vector<CopyRange>& copies,
+                size_t es, const Tensor& dst, HostBufferPool& pool) {
+  const bool host = !dst.is_cuda();
+  std::unique_ptr<PooledBuffer> staging;
+  auto stage = [&]() -> unsigned char* {
+    if (!staging) staging.reset(new PooledBuffer(pool, kStaging));
+    return staging->data();
+  };
+  size_t i = 0;
+  while (i < copies.size()) {
+    const CopyRange& c = copies[i];
+    const uint64_t bytes = c.len * es;
+    if (host && bytes >= kDirect) {
+      f.pread_all(static_cast<char*>(dst.data()) + c.dst * es, bytes, base + c.src * es);
+      ++i;
+      continue;
+    }
+    if (bytes > kStaging) {  // a large run into device memory: in chunks
+      for (uint64_t done = 0; done < bytes; done += kStaging) {
+        const uint64_t n = std::min(kStaging, bytes - done);
+        f.pread_all(stage(), n, base + c.src * es + done);
+        copy_out(dst, c.dst * es + done, stage(), n);
+      }
+      ++i;
+      continue;
+    }
+    // Gather neighbouring small runs into one read of their span.
+    size_t j = i;
+    while (j + 1 < copies.size() && (!host || copies[j + 1].len * es < kDirect) &&
+           (copies[j + 1].src + copies[j + 1].len - c.src) * es <= kStaging)
+      ++j;
+    const uint64_t span = (copies[j].src + copies[j].len - c.src) * es;
+    f.pread_all(stage(), span, base + c.src * es);
+    for (size_t k = i; k <= j; ++k)
+      copy_out(dst, copies[k].dst * es, stage() + (copies[k].src - c.src) * es,
+               copies[k].len * es);
+    i = j + 1;
+  }
+}
+
+}  // namespace
+
+void verify_shard_data(const ShardIndex& shard, HostBufferPool& pool) {
+  File f = File::open_read(shard.path);
+  const auto& ts = shard.tensors;
+  uint64_t total = 0;
+  for (const auto& t : ts) total = std::max(total, t.end);
+  PooledBuffer buf(pool, static_cast<size_t>(std::min(kChunk, std::max<uint64_t>(total, 1))));
+  XxhState st;
+  size_t t = 0;
+  auto start_tensor = [&] { XXH64_reset(st.s, 0); };
+  auto check = [&](const StoredTensor& x) {
+    const uint64_t h = XXH64_digest(st.s);
+    if (h != x.xxh64)
+      TUTTI_THROW(kCorrupt, "'", shard.path, "': tensor '", x.name,
+                  "' fails its checksum (xxh64 ", hex64(h), ", header says ",
+                  hex64(x.xxh64), "): the shard is corrupt");
+  };
+  start_tensor();
+  // Tensors tile the data region in order (the parser checked it), so one
+  // sequential pass feeds every tensor's hash.
+  while (t < ts.size() && ts[t].end == ts[t].begin) {
+    check(ts[t]);
+    ++t;
+  }
+  for (uint64_t pos = 0; pos < total;) {
+    const uint64_t n = std::min(kChunk, total - pos);
+    f.pread_all(buf.data(), n, shard.data_start + pos);
+    uint64_t used = 0;
+    while (used < n && t < ts.size()) {
+      const uint64_t take = std::min(n - used, ts[t].end - (pos + used));
+      XXH64_update(st.s, buf.data() + used, static_cast<size_t>(take));
+      used += take;
+      while (t < ts.size() && ts[t].end == pos + used) {
+        check(ts[t]);
+        ++t;
+        start_tensor();
+      }
+    }
+    pos += n;
+  }
+}
+
+void execute_plan(const OpenedCheckpoint& ckpt, const LoadPlan& plan,
+                  const StateDict& dst, HostBufferPool& pool) {
+  std::map<int, File> files;
+  for (const auto& item : plan.items) {
+    const Tensor& d = dst[item.dst].tensor;
+    for (const auto& src : item.sources) {
+      auto it = files.find(src.shard);
+      if (it == files.end())
+        it = files.emplace(src.shard,
+                           File::open_read(ckpt.shards[static_cast<size_t>(src.shard)].path))
+                 .first;
+      const uint64_t base =
+          ckpt.shards[static_cast<size_t>(src.shard)].data_start + src.piece->begin;
+      read_piece(it->second, base, src.copies, dtype_size(src.piece->dtype), d, pool);
+    }
+  }
+}
+
+}  // namespace ckpt
+}  // namespace tutti

@@ -1,0 +1,200 @@
+// PreemptionMonitor: the sources, the polling thread, and the collective
+// stop decision.
+#include "tutti/preemption.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "core/check.h"
+#include "preemption/notice_source.h"
+#include "preemption/signal_source.h"
+#include "tutti/config.h"
+#include "tutti/log.h"
+
+namespace tutti {
+
+const char* notice_kind_name(NoticeKind kind) {
+  switch (kind) {
+    case NoticeKind::kNone: return "none";
+    case NoticeKind::kRebalance: return "rebalance";
+    case NoticeKind::kStop: return "stop";
+  }
+  return "unknown";
+}
+
+class PreemptionMonitor::Impl {
+ public:
+  explicit Impl(const PreemptionOptions& o);
+  ~Impl();
+
+  NoticeKind local();
+  std::optional<PreemptionNotice> notice() {
+    local();  // folds in a pending signal
+    std::lock_guard<std::mutex> lock(mu_);
+    if (best_.kind == NoticeKind::kNone) return std::nullopt;
+    return best_;
+  }
+  void record(NoticeKind kind, const std::string& source, const std::string& detail);
+
+  std::vector<std::string> names;
+  bool stop_on_rebalance = false;
+
+ private:
+  void poll_loop();
+
+  bool signals_ = false;
+  int poll_ms_ = 1000;
+  std::vector<std::unique_ptr<preempt::NoticeSource>> polled_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::atomic<int> kind_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_thread_ = false;
+  PreemptionNotice best_;
+  std::thread thread_;
+};
+
+PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
+  std::string list = o.sources.empty() ? config::get_string("TUTTI_PREEMPT_SOURCES") : o.sources;
+  if (list == "all") list = "signals,file,aws,gcp,azure";
+  if (list == "none") list.clear();
+  poll_ms_ = o.poll_ms > 0 ? o.poll_ms : static_cast<int>(config::get_int("TUTTI_PREEMPT_POLL_MS"));
+  TUTTI_ARG_CHECK(poll_ms_ > 0, "TUTTI_PREEMPT_POLL_MS must be positive, got ", poll_ms_);
+  const int http_ms = o.http_timeout_ms > 0
+                          ? o.http_timeout_ms
+                          : static_cast<int>(config::get_int("TUTTI_HTTP_TIMEOUT_MS"));
+  auto pick = [](const std::string& given, const char* setting) {
+    std::string v = given.empty() ? config::get_string(setting) : given;
+    while (!v.empty() && v.back() == '/') v.pop_back();
+    return v;
+  };
+  stop_on_rebalance = o.stop_on_rebalance.has_value()
+                          ? *o.stop_on_rebalance
+                          : config::get_bool("TUTTI_PREEMPT_STOP_ON_REBALANCE");
+  size_t pos = 0;
+  while (pos < list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    std::string s = list.substr(pos, comma - pos);
+    pos = comma + 1;
+    while (!s.empty() && s.front() == ' ') s.erase(s.begin());
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    if (s.empty()) continue;
+    if (s == "signals") {
+      signals_ = preempt::install_signal_handlers();
+      if (!signals_)
+        TUTTI_THROW(kInvalidArgument,
+                    "preemption source 'signals': another PreemptionMonitor owns the "
+                    "signal handlers (one monitor per process)");
+    } else if (s == "file") {
+      polled_.push_back(preempt::make_file_source(
+          o.trigger_file.empty() ? config::get_string("TUTTI_PREEMPT_FILE") : o.trigger_file));
+    } else if (s == "aws") {
+      polled_.push_back(preempt::make_aws_source(pick(o.aws_url, "TUTTI_AWS_METADATA_URL"), http_ms));
+    } else if (s == "gcp") {
+      polled_.push_back(preempt::make_gcp_source(pick(o.gcp_url, "TUTTI_GCP_METADATA_URL"), http_ms));
+    } else if (s == "azure") {
+      polled_.push_back(
+          preempt::make_azure_source(pick(o.azure_url, "TUTTI_AZURE_METADATA_URL"), http_ms));
+    } else {
+      if (signals_) preempt::restore_signal_handlers();
+      TUTTI_THROW(kInvalidArgument, "unknown preemption source '", s,
+                  "' (TUTTI_PREEMPT_SOURCES / PreemptionOptions::sources: signals, file, aws, "
+                  "gcp, azure, all or none)");
+    }
+    names.push_back(s);
+  }
+  if (!polled_.empty()) thread_ = std::thread([this] { poll_loop(); });
+  TUTTI_LOG(kInfo) << "preemption monitor: sources " << (list.empty() ? "(none)" : list)
+                   << ", polling every " << poll_ms_ << " ms";
+}
+
+PreemptionMonitor::Impl::~Impl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_thread_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (signals_) preempt::restore_signal_handlers();
+}
+
+void PreemptionMonitor::Impl::poll_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_thread_) {
+    lock.unlock();
+    for (auto& s : polled_) {
+      preempt::Observation o = s->poll();
+      if (o.kind != NoticeKind::kNone) record(o.kind, s->name(), o.detail);
+    }
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::milliseconds(poll_ms_), [&] { return stop_thread_; });
+  }
+}
+
+void PreemptionMonitor::Impl::record(NoticeKind kind, const std::string& source,
+                                     const std::string& detail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<int>(kind) <= static_cast<int>(best_.kind)) return;
+  best_.kind = kind;
+  best_.source = source;
+  best_.detail = detail;
+  best_.seconds_since_start =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  kind_.store(static_cast<int>(kind));
+  TUTTI_LOG(kWarn) << "preemption notice (" << notice_kind_name(kind) << ") from " << source
+                   << (detail.empty() ? "" : ": ") << detail;
+}
+
+NoticeKind PreemptionMonitor::Impl::local() {
+  if (signals_) {
+    const int sig = preempt::received_signal();
+    if (sig != 0 && kind_.load() < static_cast<int>(NoticeKind::kStop))
+      record(NoticeKind::kStop, preempt::signal_name(sig), "");
+  }
+  return static_cast<NoticeKind>(kind_.load());
+}
+
+// ---- public -----------------------------------------------------------------
+
+PreemptionMonitor::PreemptionMonitor(PreemptionOptions options)
+    : impl_(std::make_unique<Impl>(options)) {}
+PreemptionMonitor::~PreemptionMonitor() = default;
+
+NoticeKind PreemptionMonitor::local() const { return impl_->local(); }
+std::optional<PreemptionNotice> PreemptionMonitor::notice() const { return impl_->notice(); }
+
+NoticeKind PreemptionMonitor::agree(ProcessGroup& group) {
+  int32_t v = static_cast<int32_t>(impl_->local());
+  OpOptions o;
+  o.name = "preemption notice agreement";
+  group.allreduce(Tensor::of(&v, 1), ReduceOp::kMax, o);
+  return static_cast<NoticeKind>(v);
+}
+
+bool PreemptionMonitor::should_stop(ProcessGroup& group) {
+  const NoticeKind k = agree(group);
+  return k == NoticeKind::kStop || (impl_->stop_on_rebalance && k == NoticeKind::kRebalance);
+}
+
+void PreemptionMonitor::notify(NoticeKind kind, const std::string& source,
+                               const std::string& detail) {
+  impl_->record(kind, source, detail);
+}
+
+std::vector<std::string> PreemptionMonitor::sources() const { return impl_->names; }
+
+void exit_preempted() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kError) << "shutdown before the preemption exit failed: " << e.what();
+  }
+  std::exit(kPreemptedExitCode);
+}
+
+}  // namespace tutti
