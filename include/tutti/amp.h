@@ -40,7 +40,7 @@ namespace amp {
 // ---- fused multi-tensor operations ------------------------------------------
 
 // Which tensors of a list held non-finite values after an operation.
-struct NonFiniteReport {
+struct TUTTI_API NonFiniteReport {
   bool found = false;
   std::vector<int> tensors;  // indices into the list, ascending
 

@@ -47,38 +47,81 @@ OpOptions options(const std::string& name, int64_t stream, double timeout) {
   return o;
 }
 
-// Submits with the GIL released; waits unless async.
-pyb::object finish(const std::function<WorkPtr(bool)>& submit, bool async_op,
-                   std::vector<PyTensor>&& tensors) {
+// One collective being prepared: its imported tensors and the request.
+struct Call {
+  std::vector<PyTensor> tensors;
+  OpRequest request;
+
+  const Tensor& add(const pyb::handle& obj, const char* what, int64_t stream) {
+    tensors.push_back(import_tensor(obj, what, stream));
+    return tensors.back().tensor;
+  }
+};
+
+// A rank whose arguments cannot even be imported (not contiguous, an
+// unsupported dtype or device) still takes part in the agreement check with
+// an operation of the same kind that fails validation every rank's check,
+// so its peers raise MismatchError ("rank R rejected the arguments")
+// at once instead of waiting for it until TUTTI_TIMEOUT.
+void poison(ProcessGroup& g, CollectiveKind kind) {
+  OpRequest r;
+  r.kind = kind;
+  r.input = Tensor(nullptr, DType::kFloat32, Shape{0});
+  r.output = Tensor(nullptr, DType::kFloat64, Shape{0});  // dtypes differ
+  r.root = -1;                                            // no such rank
+  try {
+    pyb::gil_scoped_release nogil;
+    g.submit(r, true)->wait();
+  } catch (const Error&) {
+    // Expected: this rank raises its own, precise error below.
+  }
+}
+
+// Prepares (imports, validates) and submits one operation with the GIL
+// released; waits unless async_op, else returns a Work that keeps the
+// tensors alive.
+pyb::object run(ProcessGroup& g, CollectiveKind kind, bool async_op,
+                const std::function<void(Call&)>& prepare) {
+  // Errors a rank finds on its own before any communication (arguments it
+  // cannot import; a device this group cannot route) are shared with its
+  // peers through poison().  Point-to-point operations have no agreement.
+  const bool collective = kind != CollectiveKind::kSend && kind != CollectiveKind::kRecv;
+  auto rejected = [&](const Error& e) {
+    return collective && g.size() > 1 &&
+           (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kUnsupported);
+  };
+  Call c;
+  c.request.kind = kind;
+  try {
+    prepare(c);
+  } catch (const Error& e) {
+    if (rejected(e)) poison(g, kind);
+    throw;
+  }
   WorkPtr w;
+  std::exception_ptr routing_error;
   {
     pyb::gil_scoped_release nogil;
-    w = submit(!async_op);
-    if (!async_op) w->wait();
+    // Blocking calls let an idle communicator run them on this thread.
+    try {
+      w = g.submit(c.request, !async_op);
+    } catch (const Error& e) {
+      if (!rejected(e)) throw;
+      routing_error = std::current_exception();
+    }
+    if (w && !async_op) w->wait();
+  }
+  if (routing_error) {
+    poison(g, kind);
+    std::rethrow_exception(routing_error);
   }
   if (!async_op) return pyb::none();
   PyWork pw{w, {}};
-  for (auto& t : tensors) {
+  for (auto& t : c.tensors) {
     pw.keep.push_back(t.capsule);
     pw.keep.push_back(t.owner);
   }
   return pyb::cast(std::move(pw));
-}
-
-// Blocking calls go through Communicator::submit(blocking=true) so an idle
-// communicator runs them on this thread.
-WorkPtr submit(ProcessGroup& g, OpRequest&& r, bool blocking) {
-  return g.submit(r, blocking);
-}
-
-OpRequest request(CollectiveKind kind, const Tensor& in, const Tensor& out,
-                  const OpOptions& o) {
-  OpRequest r;
-  r.kind = kind;
-  r.input = in;
-  r.output = out;
-  r.options = o;
-  return r;
 }
 
 }  // namespace
@@ -123,14 +166,12 @@ void bind_comm(pyb::module_& m) {
       .def("allreduce",
            [](ProcessGroup& g, pyb::handle tensor, pyb::object op, pyb::object out,
               std::string name, bool async_op, int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(tensor, "tensor", stream));
-             if (!out.is_none()) ts.push_back(import_tensor(out, "out", stream));
-             OpRequest r = request(CollectiveKind::kAllreduce, ts[0].tensor,
-                                   ts.back().tensor, options(name, stream, timeout));
-             r.op = parse_op(op);
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
+             return run(g, CollectiveKind::kAllreduce, async_op, [&](Call& c) {
+               c.request.op = parse_op(op);
+               c.request.input = c.add(tensor, "tensor", stream);
+               c.request.output = out.is_none() ? c.request.input : c.add(out, "out", stream);
+               c.request.options = options(name, stream, timeout);
+             });
            },
            pyb::arg("tensor"), pyb::arg("op") = ReduceOp::kSum,
            pyb::arg("out") = pyb::none(), pyb::arg("name") = "",
@@ -140,44 +181,25 @@ void bind_comm(pyb::module_& m) {
       .def("broadcast",
            [](ProcessGroup& g, pyb::handle tensor, int root, std::string name,
               bool async_op, int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(tensor, "tensor", stream));
-             OpRequest r = request(CollectiveKind::kBroadcast, ts[0].tensor,
-                                   ts[0].tensor, options(name, stream, timeout));
-             r.root = root;
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
+             return run(g, CollectiveKind::kBroadcast, async_op, [&](Call& c) {
+               c.request.input = c.request.output = c.add(tensor, "tensor", stream);
+               c.request.root = root;
+               c.request.options = options(name, stream, timeout);
+             });
            },
            pyb::arg("tensor"), pyb::arg("root") = 0, pyb::arg("name") = "",
            pyb::arg("async_op") = false, pyb::arg("stream") = 0,
            pyb::arg("timeout") = 0.0, "Broadcast `tensor` from `root` in place.")
-      .def("allgather",
-           [](ProcessGroup& g, pyb::handle input, pyb::handle output,
-              std::string name, bool async_op, int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(input, "input", stream));
-             ts.push_back(import_tensor(output, "output", stream));
-             OpRequest r = request(CollectiveKind::kAllgather, ts[0].tensor,
-                                   ts[1].tensor, options(name, stream, timeout));
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
-           },
-           pyb::arg("input"), pyb::arg("output"), pyb::arg("name") = "",
-           pyb::arg("async_op") = false, pyb::arg("stream") = 0,
-           pyb::arg("timeout") = 0.0,
-           "Gather every rank's `input` into `output` (size x input, rank order).")
       .def("allgatherv",
            [](ProcessGroup& g, pyb::handle input, pyb::handle output,
               std::vector<int64_t> counts, std::string name, bool async_op,
               int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(input, "input", stream));
-             ts.push_back(import_tensor(output, "output", stream));
-             OpRequest r = request(CollectiveKind::kAllgatherv, ts[0].tensor,
-                                   ts[1].tensor, options(name, stream, timeout));
-             r.counts = std::move(counts);
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
+             return run(g, CollectiveKind::kAllgatherv, async_op, [&](Call& c) {
+               c.request.input = c.add(input, "input", stream);
+               c.request.output = c.add(output, "output", stream);
+               c.request.counts = counts;
+               c.request.options = options(name, stream, timeout);
+             });
            },
            pyb::arg("input"), pyb::arg("output"), pyb::arg("counts"),
            pyb::arg("name") = "", pyb::arg("async_op") = false,
@@ -186,39 +208,22 @@ void bind_comm(pyb::module_& m) {
       .def("reduce_scatter",
            [](ProcessGroup& g, pyb::handle input, pyb::handle output, pyb::object op,
               std::string name, bool async_op, int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(input, "input", stream));
-             ts.push_back(import_tensor(output, "output", stream));
-             OpRequest r = request(CollectiveKind::kReduceScatter, ts[0].tensor,
-                                   ts[1].tensor, options(name, stream, timeout));
-             r.op = parse_op(op);
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
+             return run(g, CollectiveKind::kReduceScatter, async_op, [&](Call& c) {
+               c.request.op = parse_op(op);
+               c.request.input = c.add(input, "input", stream);
+               c.request.output = c.add(output, "output", stream);
+               c.request.options = options(name, stream, timeout);
+             });
            },
            pyb::arg("input"), pyb::arg("output"), pyb::arg("op") = ReduceOp::kSum,
            pyb::arg("name") = "", pyb::arg("async_op") = false,
            pyb::arg("stream") = 0, pyb::arg("timeout") = 0.0,
            "Reduce `input` (size x output) and scatter block r to rank r.")
-      .def("alltoall",
-           [](ProcessGroup& g, pyb::handle input, pyb::handle output,
-              std::string name, bool async_op, int64_t stream, double timeout) {
-             std::vector<PyTensor> ts;
-             ts.push_back(import_tensor(input, "input", stream));
-             ts.push_back(import_tensor(output, "output", stream));
-             OpRequest r = request(CollectiveKind::kAlltoall, ts[0].tensor,
-                                   ts[1].tensor, options(name, stream, timeout));
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, std::move(ts));
-           },
-           pyb::arg("input"), pyb::arg("output"), pyb::arg("name") = "",
-           pyb::arg("async_op") = false, pyb::arg("stream") = 0,
-           pyb::arg("timeout") = 0.0, "Block j of input to rank j; equal blocks.")
       .def("barrier",
            [](ProcessGroup& g, bool async_op, double timeout) {
-             OpRequest r = request(CollectiveKind::kBarrier, Tensor(), Tensor(),
-                                   options("", 0, timeout));
-             return finish([&](bool b) { return submit(g, std::move(r), b); },
-                           async_op, {});
+             return run(g, CollectiveKind::kBarrier, async_op, [&](Call& c) {
+               c.request.options = options("", 0, timeout);
+             });
            },
            pyb::arg("async_op") = false, pyb::arg("timeout") = 0.0)
       .def("split",
@@ -245,19 +250,35 @@ void bind_comm(pyb::module_& m) {
         return "<tutti.ProcessGroup '" + g.name() + "' rank " +
                std::to_string(g.rank()) + " of " + std::to_string(g.size()) + ">";
       });
+  // allgather and alltoall take (input, output) and nothing else.
+  for (auto kind : {CollectiveKind::kAllgather, CollectiveKind::kAlltoall}) {
+    group.def(collective_kind_name(kind),
+              [kind](ProcessGroup& g, pyb::handle input, pyb::handle output,
+                     std::string name, bool async_op, int64_t stream, double timeout) {
+                return run(g, kind, async_op, [&](Call& c) {
+                  c.request.input = c.add(input, "input", stream);
+                  c.request.output = c.add(output, "output", stream);
+                  c.request.options = options(name, stream, timeout);
+                });
+              },
+              pyb::arg("input"), pyb::arg("output"), pyb::arg("name") = "",
+              pyb::arg("async_op") = false, pyb::arg("stream") = 0,
+              pyb::arg("timeout") = 0.0,
+              kind == CollectiveKind::kAllgather
+                  ? "Gather every rank's `input` into `output` (size x input, rank order)."
+                  : "Block j of input to rank j; equal blocks.");
+  }
   // send / recv share their signature.
   for (auto kind : {CollectiveKind::kSend, CollectiveKind::kRecv}) {
     group.def(collective_kind_name(kind),
               [kind](ProcessGroup& g, pyb::handle tensor, int peer, int tag,
                      bool async_op, int64_t stream, double timeout) {
-                std::vector<PyTensor> ts;
-                ts.push_back(import_tensor(tensor, "tensor", stream));
-                OpRequest r = request(kind, ts[0].tensor, ts[0].tensor,
-                                      options("", stream, timeout));
-                r.root = peer;
-                r.tag = tag;
-                return finish([&](bool b) { return submit(g, std::move(r), b); },
-                              async_op, std::move(ts));
+                return run(g, kind, async_op, [&](Call& c) {
+                  c.request.input = c.request.output = c.add(tensor, "tensor", stream);
+                  c.request.root = peer;
+                  c.request.tag = tag;
+                  c.request.options = options("", stream, timeout);
+                });
               },
               pyb::arg("tensor"), pyb::arg("peer"), pyb::arg("tag") = 0,
               pyb::arg("async_op") = false, pyb::arg("stream") = 0,

@@ -14,6 +14,8 @@ void bind_core(pyb::module_& m) {
                                    std::to_string(TUTTI_VERSION_MINOR) + "." +
                                    std::to_string(TUTTI_VERSION_PATCH));
   m.def("cuda_built", &cuda_built, "True when tutti was compiled with CUDA.");
+  m.def("nccl_built", [] { return static_cast<bool>(TUTTI_WITH_NCCL); },
+        "True when tutti was compiled with the NCCL backend.");
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices visible to this process (0 without CUDA).");
   m.def("dtype_names", [] {

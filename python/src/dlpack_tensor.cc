@@ -110,5 +110,85 @@ PyTensor import_tensor(const pyb::handle& obj, const char* what,
   return out;
 }
 
+std::vector<PyTensor> import_tensors(const pyb::handle& seq, const char* what,
+                                     int64_t stream) {
+  TUTTI_ARG_CHECK(pyb::isinstance<pyb::sequence>(seq) &&
+                      !pyb::hasattr(seq, "__dlpack__"),
+                  what, " must be a list or tuple of tensors");
+  std::vector<PyTensor> out;
+  const auto items = pyb::reinterpret_borrow<pyb::sequence>(seq);
+  out.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
+    out.push_back(import_tensor(items[i], name.c_str(), stream));
+  }
+  return out;
+}
+
+std::vector<Tensor> views(const std::vector<PyTensor>& ts) {
+  std::vector<Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(t.tensor);
+  return out;
+}
+
+namespace {
+
+DLDataType to_dl_dtype(DType d) {
+  switch (d) {
+    case DType::kFloat32: return {kDLFloat, 32, 1};
+    case DType::kFloat16: return {kDLFloat, 16, 1};
+    case DType::kBFloat16: return {kDLBfloat, 16, 1};
+    case DType::kFloat64: return {kDLFloat, 64, 1};
+    case DType::kInt8: return {kDLInt, 8, 1};
+    case DType::kUInt8: return {kDLUInt, 8, 1};
+    case DType::kInt32: return {kDLInt, 32, 1};
+    case DType::kInt64: return {kDLInt, 64, 1};
+  }
+  TUTTI_THROW(kInternal, "unknown dtype ", static_cast<int>(d));
+}
+
+// The DLManagedTensor and what it points into, freed together.
+struct Exported {
+  DLManagedTensor managed{};
+  std::vector<int64_t> shape;
+  std::shared_ptr<const void> owner;
+};
+
+void delete_exported(DLManagedTensor* self) {
+  delete static_cast<Exported*>(self->manager_ctx);
+}
+
+// A capsule still named "dltensor" was never consumed: free it here.
+void capsule_destructor(PyObject* cap) {
+  if (!PyCapsule_IsValid(cap, "dltensor")) return;  // consumed (renamed)
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+  if (m && m->deleter) m->deleter(m);
+}
+
+}  // namespace
+
+pyb::capsule export_tensor(const Tensor& t, std::shared_ptr<const void> owner) {
+  auto* e = new Exported;
+  e->shape = t.shape().vec();
+  e->owner = std::move(owner);
+  DLTensor& d = e->managed.dl_tensor;
+  d.data = t.data();
+  d.device = t.is_cuda() ? DLDevice{kDLCUDA, t.device().index} : DLDevice{kDLCPU, 0};
+  d.ndim = t.ndim();
+  d.dtype = to_dl_dtype(t.dtype());
+  d.shape = e->shape.empty() ? nullptr : e->shape.data();
+  d.strides = nullptr;  // compact row-major
+  d.byte_offset = 0;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = delete_exported;
+  PyObject* cap = PyCapsule_New(&e->managed, "dltensor", capsule_destructor);
+  if (!cap) {
+    delete e;
+    throw pyb::error_already_set();
+  }
+  return pyb::reinterpret_steal<pyb::capsule>(cap);
+}
+
 }  // namespace py
 }  // namespace tutti

@@ -3,7 +3,9 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "tutti/tensor.h"
 
@@ -29,6 +31,18 @@ struct PyTensor {
 // producers (-1: no synchronisation requested, the caller orders streams).
 PyTensor import_tensor(const pyb::handle& obj, const char* what,
                        int64_t stream = -1);
+
+// Imports every element of a Python sequence of tensors (for multi-tensor
+// operations); `what` names the list in errors ("grads[3]").
+std::vector<PyTensor> import_tensors(const pyb::handle& seq, const char* what,
+                                     int64_t stream = -1);
+// The Tensor views of imported tensors.
+std::vector<Tensor> views(const std::vector<PyTensor>& ts);
+
+// Exports a tutti view as an unconsumed "dltensor" capsule.  `owner` keeps
+// the memory alive until the consumer releases the capsule (a C++ object:
+// the deleter may run on any thread, without the GIL).
+pyb::capsule export_tensor(const Tensor& t, std::shared_ptr<const void> owner);
 
 // The tutti dtype name of a DLPack type, for messages.
 std::string describe_dl_dtype(uint8_t code, uint8_t bits, uint16_t lanes);

@@ -10,6 +10,12 @@ AMP, spot-safe checkpoints) for numpy, PyTorch, CuPy and JAX tensors.
 Every collective is also available on any ProcessGroup (``g.split(...)``).
 Errors are ``tutti.Error`` subclasses carrying the rank, the operation and
 what was expected.
+
+Areas: ``tutti.Reducer`` (data-parallel gradient bucketing),
+``tutti.amp`` (loss scaling, fused unscale/check, clipping, casts),
+``tutti.ProcessMesh`` and ``tutti.tensor_parallel`` (Megatron-style layers),
+``tutti.compression`` (gradient compressors), and ``tutti.torch``
+(a Horovod-compatible PyTorch integration).
 """
 import atexit as _atexit
 
@@ -18,11 +24,17 @@ from ._C import (  # noqa: F401  (re-exported API)
     AbortedError,
     CheckpointError,
     CommError,
+    Compressor,
     Error,
     InvalidArgumentError,
     MismatchError,
+    NoSync,
     ProcessGroup,
+    ProcessMesh,
+    Reducer,
     ReduceOp,
+    Stateful,
+    TensorView,
     TimeoutError,
     UnsupportedError,
     Work,
@@ -37,11 +49,22 @@ from ._C import (  # noqa: F401  (re-exported API)
     local_rank,
     local_size,
     log,
+    make_compressor,
     rank,
     set_log_level,
     shutdown,
     size,
     world,
+)
+from . import amp, checkpoint, compression, tensor_parallel  # noqa: F401,E402
+from .checkpoint import (  # noqa: F401,E402
+    PREEMPTED_EXIT_CODE,
+    CheckpointManager,
+    NoticeKind,
+    PreemptionMonitor,
+    exit_preempted,
+    list_checkpoints,
+    verify_checkpoint,
 )
 from ._functional import (  # noqa: F401
     allgather,
@@ -60,5 +83,7 @@ SUM, AVG, MIN, MAX, PROD = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN,
                             ReduceOp.MAX, ReduceOp.PROD)
 
 # Python's atexit runs before the interpreter tears down objects that may
-# hold process groups; tutti's own C++ atexit hook is the fallback.
+# hold process groups; tutti's own C++ atexit hook is the fallback.  atexit
+# runs last-registered first: checkpoint saves finish before the shutdown.
 _atexit.register(_C.shutdown)
+_atexit.register(checkpoint.close_all)

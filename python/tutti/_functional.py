@@ -8,8 +8,16 @@ def _group(group):
     return group if group is not None else _C.world()
 
 
+def _writable(tensor, what):
+    if _arrays.is_immutable(tensor):
+        raise _C.InvalidArgumentError(
+            f"rank {_C.rank()}: {what}: JAX arrays are immutable; use the "
+            "out-of-place form (it returns a new array)")
+
+
 def allreduce_(tensor, op="sum", group=None, name="", async_op=False):
     """All-reduce `tensor` in place; returns a Work when async_op."""
+    _writable(tensor, "allreduce_")
     return _group(group).allreduce(tensor, op=op, name=name, async_op=async_op)
 
 
@@ -21,10 +29,13 @@ def allreduce(tensor, op="sum", group=None, name=""):
 
 
 def broadcast_(tensor, root=0, group=None, name="", async_op=False):
+    """Broadcast `tensor` from `root` in place; returns a Work when async_op."""
+    _writable(tensor, "broadcast_")
     return _group(group).broadcast(tensor, root=root, name=name, async_op=async_op)
 
 
 def broadcast(tensor, root=0, group=None, name=""):
+    """A new array holding root's `tensor`."""
     out = _arrays.copy(tensor)
     _group(group).broadcast(out, root=root, name=name)
     return _arrays.finish(out, tensor)
@@ -63,12 +74,15 @@ def reduce_scatter(tensor, op="sum", group=None, name=""):
 
 
 def alltoall(tensor, group=None, name=""):
+    """Block j of `tensor` (equal blocks of the flattened array) goes to
+    rank j; returns the blocks received, in rank order."""
     out = _arrays.empty_like(tensor)
     _group(group).alltoall(tensor, out, name=name)
     return _arrays.finish(out, tensor)
 
 
 def barrier(group=None):
+    """Blocks until every rank of the group arrives."""
     _group(group).barrier()
 
 

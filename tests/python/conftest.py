@@ -14,6 +14,7 @@ import tutti  # noqa: E402
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (ctest label gpu)")
     tutti.init()
 
 

@@ -129,6 +129,22 @@ def test_errors_carry_context(world, rank, size):
         assert f"rank {rank}:" in msg and "'grad'" in msg and f"rank {size - 1} has" in msg
         assert e.value.code == "mismatch"
         world.barrier()  # still usable
+        # Only the last rank passes an unusable tensor: it raises the precise
+        # error, its peers learn at once that it rejected the operation.
+        bad = rank == size - 1
+        for call in (lambda t: world.allreduce(t, name="w"),
+                     lambda t: world.broadcast(t, root=0),
+                     lambda t: world.allgather(t, np.empty(4 * size, np.float32))):
+            t = np.zeros(8, np.float32)[::2] if bad else np.zeros(4, np.float32)
+            with pytest.raises(tutti.Error) as e:
+                call(t)
+            if bad:
+                assert isinstance(e.value, tutti.InvalidArgumentError)
+                assert "not contiguous" in str(e.value)
+            else:
+                assert isinstance(e.value, tutti.MismatchError)
+                assert f"rank {size - 1} rejected the arguments" in str(e.value)
+        world.barrier()
 
 
 class _CudaLookalike:
@@ -152,8 +168,73 @@ class _CudaLookalike:
         return cap
 
 
-def test_cuda_tensor_without_gpu_is_a_clear_error(world):
+def test_cuda_tensor_without_gpu_is_a_clear_error(world, rank, size):
     if tutti.cuda_device_count() > 0:
         pytest.skip("a GPU is present")
     with pytest.raises((tutti.InvalidArgumentError, tutti.UnsupportedError), match="cuda:0"):
         world.allreduce(_CudaLookalike())
+    if size > 1:
+        # The wrong device on one rank only: its peers fail at once too.
+        wrong = rank == size - 1
+        with pytest.raises(tutti.Error) as e:
+            world.allreduce(_CudaLookalike() if wrong else np.zeros(4, np.float32), name="dev")
+        if wrong:
+            assert "cuda:0" in str(e.value)
+        else:
+            assert isinstance(e.value, tutti.MismatchError)
+            assert f"rank {size - 1} rejected the arguments" in str(e.value)
+        world.barrier()
+
+
+FRAMEWORKS = [("numpy", np.float32), ("numpy", np.float16), ("numpy", np.int64),
+              ("torch", torch.float32), ("torch", torch.float16), ("torch", torch.bfloat16),
+              ("torch", torch.int32)]
+
+
+def make(fw, dtype, values):
+    a = np.asarray(values, dtype=np.float64)
+    return a.astype(dtype) if fw == "numpy" else torch.from_numpy(a).to(dtype)
+
+
+def as_f64(x):
+    return np.asarray(x.double() if torch.is_tensor(x) else x, dtype=np.float64)
+
+
+def ptr(x):
+    return x.data_ptr() if torch.is_tensor(x) else x.ctypes.data
+
+
+@pytest.mark.parametrize("fw,dtype", FRAMEWORKS)
+def test_every_collective_in_and_out_of_place(world, rank, size, fw, dtype):
+    """Each collective on each framework, blocking and async, in place and
+    out of place, against closed-form results (small integers: exact)."""
+    n = 3
+    # allreduce sum, in place (async) and out of place (functional).
+    x = make(fw, dtype, np.arange(n) + rank)
+    p = ptr(x)
+    world.allreduce(x, op="sum", async_op=True).wait()
+    assert ptr(x) == p
+    np.testing.assert_array_equal(as_f64(x), size * np.arange(n) + sum(range(size)))
+    y = tutti.allreduce(make(fw, dtype, np.arange(n) + rank), op="max")
+    assert type(y) is type(x)
+    np.testing.assert_array_equal(as_f64(y), np.arange(n) + size - 1)
+    # broadcast from the last rank: in place and out of place.
+    b = make(fw, dtype, np.full(n, rank))
+    world.broadcast(b, root=size - 1)
+    np.testing.assert_array_equal(as_f64(b), np.full(n, size - 1))
+    c = tutti.broadcast(make(fw, dtype, np.full(n, rank + 1)), root=0)
+    np.testing.assert_array_equal(as_f64(c), np.full(n, 1))
+    # allgather into a caller's output, and the functional (row) form.
+    out = make(fw, dtype, np.zeros(size * n))
+    w = world.allgather(make(fw, dtype, np.full(n, rank)), out, async_op=True)
+    w.wait()
+    np.testing.assert_array_equal(as_f64(out), np.repeat(np.arange(size), n))
+    g = tutti.allgather(make(fw, dtype, np.full((1, n), rank)))
+    np.testing.assert_array_equal(as_f64(g)[:, 0], np.arange(size))
+    # reduce_scatter: block k of rank r is r + k; rank k gets sum_r (r + k).
+    rs = tutti.reduce_scatter(make(fw, dtype, np.repeat(np.arange(size) + rank, n)), op="sum")
+    np.testing.assert_array_equal(as_f64(rs), np.full(n, sum(range(size)) + size * rank))
+    # alltoall: block j of rank r is 10 r + j; rank k receives 10 r + k.
+    a2a = tutti.alltoall(make(fw, dtype, np.repeat(10 * rank + np.arange(size), n)))
+    np.testing.assert_array_equal(as_f64(a2a), np.repeat(10 * np.arange(size) + rank, n))
+    tutti.barrier()

@@ -1,0 +1,307 @@
+// Checkpoints: tutti.CheckpointManager over DLPack tensors and tutti
+// Stateful objects.  Compiled when the checkpoint layer is part of the tree
+// (include/tutti/checkpoint.h); otherwise the module has no
+// CheckpointManager and tutti.checkpoint says so.
+//
+// A checkpoint "component" is either a tutti Stateful (loss scaler,
+// compressor, tensor-parallel layer: its on_state_loaded() runs after a
+// load) or a dict name -> tensor / (tensor, shard dict).  Tensors are
+// "<component>/<name>" in the checkpoint, as in C++.  Save and load release
+// the GIL; an async save copies the state before save() returns.
+#include "bindings.h"
+
+#ifndef TUTTI_PY_HAS_CHECKPOINT  // normally set by python/CMakeLists.txt
+#if __has_include("tutti/checkpoint.h")
+#define TUTTI_PY_HAS_CHECKPOINT 1
+#else
+#define TUTTI_PY_HAS_CHECKPOINT 0
+#endif
+#endif
+
+#if TUTTI_PY_HAS_CHECKPOINT
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "convert.h"
+#include "core/check.h"
+#include "tutti/checkpoint.h"
+
+namespace tutti {
+namespace py {
+namespace {
+
+// A dict component: views of Python tensors, alive for one call.
+class DictComponent : public Stateful {
+ public:
+  StateDict state;
+  StateDict state_dict() override { return state; }
+};
+
+struct Prepared {
+  std::vector<PyTensor> keep;
+  std::vector<std::shared_ptr<Stateful>> owners;
+  Components components;
+};
+
+ShardInfo shard_from(const pyb::handle& d) {
+  ShardInfo s;
+  auto dict = pyb::reinterpret_borrow<pyb::dict>(d);
+  if (dict.contains("global_shape"))
+    s.global_shape = dict["global_shape"].cast<std::vector<int64_t>>();
+  if (dict.contains("dim")) s.dim = dict["dim"].cast<int>();
+  if (dict.contains("offset")) s.offset = dict["offset"].cast<int64_t>();
+  if (dict.contains("group")) s.group = dict["group"].cast<std::string>();
+  if (dict.contains("flat")) s.flat = dict["flat"].cast<bool>();
+  return s;
+}
+
+Prepared prepare(const pyb::handle& state) {
+  TUTTI_ARG_CHECK(pyb::isinstance<pyb::dict>(state),
+                  "checkpoint state must be a dict component name -> Stateful or "
+                  "dict of tensors");
+  Prepared p;
+  for (const auto& item : pyb::reinterpret_borrow<pyb::dict>(state)) {
+    const std::string comp = pyb::str(item.first);
+    if (pyb::isinstance<Stateful>(item.second)) {
+      auto s = item.second.cast<std::shared_ptr<Stateful>>();
+      p.components.emplace_back(comp, s.get());
+      p.owners.push_back(std::move(s));
+      continue;
+    }
+    TUTTI_ARG_CHECK(pyb::isinstance<pyb::dict>(item.second), "checkpoint component '",
+                    comp, "' must be a tutti Stateful or a dict name -> tensor");
+    auto dc = std::make_shared<DictComponent>();
+    for (const auto& t : pyb::reinterpret_borrow<pyb::dict>(item.second)) {
+      NamedTensor nt;
+      nt.name = pyb::str(t.first);
+      const std::string label = comp + "/" + nt.name;
+      pyb::handle value = t.second;
+      if (pyb::isinstance<pyb::tuple>(value)) {
+        auto pair = pyb::reinterpret_borrow<pyb::tuple>(value);
+        TUTTI_ARG_CHECK(pair.size() == 2, "checkpoint tensor '", label,
+                        "': expected a tensor or (tensor, shard dict)");
+        nt.shard = shard_from(pair[1]);
+        value = pair[0];
+      }
+      p.keep.push_back(import_array_like(value, label.c_str()));
+      nt.tensor = p.keep.back().tensor;
+      dc->state.push_back(std::move(nt));
+    }
+    p.components.emplace_back(comp, dc.get());
+    p.owners.push_back(std::move(dc));
+  }
+  return p;
+}
+
+pyb::object json_loads(const std::string& s) {
+  return pyb::module_::import("json").attr("loads")(s.empty() ? "{}" : s);
+}
+
+pyb::dict info_dict(const CheckpointInfo& i) {
+  pyb::dict d;
+  d["name"] = i.name;
+  d["path"] = i.path;
+  d["step"] = i.step;
+  d["complete"] = i.complete;
+  return d;
+}
+
+// Managers still open; closed (their saves waited for) before shutdown.
+struct PyCheckpointManager;
+std::mutex g_mu;
+std::set<PyCheckpointManager*>& live() {
+  static std::set<PyCheckpointManager*> s;
+  return s;
+}
+
+struct PyCheckpointManager {
+  std::unique_ptr<CheckpointManager> mgr;
+  PyCheckpointManager() {
+    std::lock_guard<std::mutex> lock(g_mu);
+    live().insert(this);
+  }
+  ~PyCheckpointManager() {
+    close();
+    std::lock_guard<std::mutex> lock(g_mu);
+    live().erase(this);
+  }
+  CheckpointManager& get() {
+    TUTTI_ARG_CHECK(mgr != nullptr, "CheckpointManager is closed");
+    return *mgr;
+  }
+  void close() {
+    std::unique_ptr<CheckpointManager> m = std::move(mgr);
+    if (!m) return;
+    if (PyGILState_Check()) {
+      pyb::gil_scoped_release nogil;
+      m.reset();
+    } else {
+      m.reset();
+    }
+  }
+};
+
+}  // namespace
+
+void bind_checkpoint(pyb::module_& m) {
+  pyb::class_<PyCheckpointManager>(
+      m, "CheckpointManager",
+      "Sharded, checksummed, atomically committed checkpoints (safetensors "
+      "shards + manifest.json) with async saves and resharding loads.  "
+      "Collective over `group`.  state: {component: Stateful or {name: tensor "
+      "or (tensor, shard dict)}}; metadata: a JSON-serialisable dict.")
+      .def(pyb::init([](std::shared_ptr<ProcessGroup> group, std::string dir, int keep_last,
+                        bool async_save, double timeout, pyb::object mesh, bool direct_io,
+                        int64_t stream) {
+             CheckpointOptions o;
+             o.dir = std::move(dir);
+             o.keep_last = keep_last;
+             o.async = async_save;
+             o.direct_io = direct_io;
+             o.timeout_s = timeout;
+             if (!mesh.is_none())
+               o.mesh_json = pyb::str(pyb::module_::import("json").attr("dumps")(mesh));
+             o.cuda_stream = as_stream(stream);
+             auto p = std::make_unique<PyCheckpointManager>();
+             pyb::gil_scoped_release nogil;
+             p->mgr = std::make_unique<CheckpointManager>(std::move(group), o);
+             return p;
+           }),
+           pyb::arg("group"), pyb::arg("dir") = "", pyb::kw_only(), pyb::arg("keep_last") = 0,
+           pyb::arg("async_save") = true, pyb::arg("timeout") = 0.0,
+           pyb::arg("mesh") = pyb::none(), pyb::arg("direct_io") = true,
+           pyb::arg("stream") = 0,
+           "dir '' means TUTTI_CKPT_DIR; keep_last <= 0 means TUTTI_CKPT_KEEP; "
+           "timeout <= 0 means TUTTI_CKPT_TIMEOUT.  direct_io: shard data written "
+           "with O_DIRECT (buffered where the file system has none).  Collective.")
+      .def("save",
+           [](PyCheckpointManager& self, int64_t step, pyb::handle state, pyb::object metadata) {
+             Prepared p = prepare(state);
+             const std::string meta =
+                 metadata.is_none()
+                     ? std::string("{}")
+                     : pyb::str(pyb::module_::import("json").attr("dumps")(metadata))
+                           .cast<std::string>();
+             CheckpointManager& mgr = self.get();
+             pyb::gil_scoped_release nogil;
+             mgr.save(step, p.components, meta);
+           },
+           pyb::arg("step"), pyb::arg("state"), pyb::arg("metadata") = pyb::none(),
+           "Collective: saves `state` as checkpoint `step`.  Async managers return "
+           "once the state is copied (the tensors may change afterwards).")
+      .def("wait", [](PyCheckpointManager& self) {
+        CheckpointManager& mgr = self.get();
+        pyb::gil_scoped_release nogil;
+        mgr.wait();
+      }, "Blocks until the in-flight save is committed on every rank; raises its error.")
+      .def_property_readonly("in_flight", [](PyCheckpointManager& self) {
+        return self.get().in_flight();
+      })
+      .def("load",
+           [](PyCheckpointManager& self, pyb::handle state, int64_t step,
+              std::vector<std::string> optional) -> pyb::object {
+             Prepared p = prepare(state);
+             LoadOptions o;
+             o.step = step;
+             o.optional = std::move(optional);
+             CheckpointManager& mgr = self.get();
+             std::optional<LoadResult> r;
+             {
+               pyb::gil_scoped_release nogil;
+               r = mgr.load(p.components, o);
+             }
+             if (!r) return pyb::none();
+             pyb::dict d;
+             d["step"] = r->step;
+             d["name"] = r->name;
+             d["metadata"] = json_loads(r->metadata_json);
+             d["saved_world_size"] = r->saved_world_size;
+             d["skipped"] = r->skipped;
+             return std::move(d);
+           },
+           pyb::arg("state"), pyb::kw_only(), pyb::arg("step") = -1,
+           pyb::arg("optional") = std::vector<std::string>{},
+           "Collective: loads the newest checkpoint that verifies (or exactly "
+           "`step`) into the state's tensors, resharding as needed.  Returns "
+           "{step, name, metadata, saved_world_size, skipped} or None when there "
+           "is none.  `optional`: names or 'prefix/' that may be absent.")
+      .def("latest_step", [](PyCheckpointManager& self) {
+        CheckpointManager& mgr = self.get();
+        pyb::gil_scoped_release nogil;
+        return mgr.latest_step();
+      },
+           "Local: the newest complete checkpoint's step (not verified), or None.")
+      .def("list", [](PyCheckpointManager& self) {
+        CheckpointManager& mgr = self.get();
+        std::vector<CheckpointInfo> all;
+        {
+          pyb::gil_scoped_release nogil;
+          all = mgr.list();
+        }
+        pyb::list out;
+        for (const auto& i : all) out.append(info_dict(i));
+        return out;
+      }, "Local: every checkpoint directory, oldest first.")
+      .def_property_readonly("dir", [](PyCheckpointManager& self) { return self.get().dir(); })
+      .def("last_save_stats", [](PyCheckpointManager& self) {
+        const SaveStats s = self.get().last_save_stats();
+        pyb::dict d;
+        d["step"] = s.step;
+        d["bytes"] = s.bytes;
+        d["blocking_s"] = s.blocking_s;
+        d["snapshot_s"] = s.snapshot_s;
+        d["write_s"] = s.write_s;
+        d["commit_s"] = s.commit_s;
+        d["direct_io"] = s.direct_io;
+        return d;
+      })
+      .def("close", &PyCheckpointManager::close,
+           "Waits for an in-flight save and releases the manager (also at exit, "
+           "before tutti.shutdown()).")
+      .def("__enter__", [](pyb::object self) { return self; })
+      .def("__exit__", [](PyCheckpointManager& self, pyb::args) {
+        self.close();
+        return false;
+      });
+
+  m.def("list_checkpoints", [](const std::string& dir) {
+    std::vector<CheckpointInfo> all;
+    {
+      pyb::gil_scoped_release nogil;
+      all = list_checkpoints(dir);
+    }
+    pyb::list out;
+    for (const auto& i : all) out.append(info_dict(i));
+    return out;
+  }, pyb::arg("dir"), "Local: the checkpoint directories under `dir`, oldest first.");
+  m.def("verify_checkpoint", [](const std::string& path) {
+    pyb::gil_scoped_release nogil;
+    return verify_checkpoint(path);
+  }, pyb::arg("path"),
+     "Local: '' when the checkpoint directory is valid (manifest, sizes, "
+     "checksums), else the first problem.");
+  m.def("_close_checkpoint_managers", [] {
+    std::vector<PyCheckpointManager*> all;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      all.assign(live().begin(), live().end());
+    }
+    for (auto* p : all) p->close();
+  });
+}
+
+}  // namespace py
+}  // namespace tutti
+
+#else  // no checkpoint layer in this tree
+
+namespace tutti {
+namespace py {
+void bind_checkpoint(pybind11::module_&) {}
+}  // namespace py
+}  // namespace tutti
+
+#endif

@@ -1,0 +1,165 @@
+"""Autograd hooks that feed a tutti.Reducer while backward runs.
+
+One GradSync serves DistributedOptimizer (the reduction is waited for in
+``optimizer.step()``) and DistributedDataParallel (waited for at the end of
+``backward()``, as torch DDP does).
+
+* Each parameter gets a post-accumulation hook (``register_post_accumulate_
+  grad_hook`` where torch has it, else a hook on its AccumulateGrad node):
+  when its ``.grad`` is final for this pass, ``reducer.grad_ready(i)`` copies
+  it into its fusion bucket and a complete bucket starts its all-reduce while
+  backward continues.
+* The first hook of a pass queues a callback on the autograd engine
+  (``Variable._execution_engine.queue_callback``) that runs when this
+  backward pass ends: the reducer learns the pass is over.
+* Gradients live in tensors registered with the reducer once.  A new
+  ``.grad`` tensor (``zero_grad(set_to_none=True)``, the first backward) is
+  copied into the registered one, which becomes ``.grad`` again.
+* Accumulation (Horovod's ``backward_passes_per_step``, DDP's ``no_sync()``)
+  runs passes inside ``reducer.no_sync()``: no communication.  The pass that
+  completes a step reduces; a step that ends with fewer passes reduces what
+  was accumulated (Horovod forces the allreduce in ``step()`` too).
+"""
+import torch
+
+from .. import _C
+from ._util import error, export, group_or_world, stream_of
+
+
+def _post_accumulate_hook(param, fn):
+    """Registers fn() to run after param.grad was accumulated.  Returns the
+    objects to keep alive (handle, and the AccumulateGrad node on old torch)."""
+    if hasattr(param, "register_post_accumulate_grad_hook"):
+        return (param.register_post_accumulate_grad_hook(lambda _p: fn()),)
+    with torch.enable_grad():
+        acc = param.expand_as(param).grad_fn.next_functions[0][0]
+    return (acc.register_hook(lambda *_: fn()), acc)
+
+
+class GradSync:
+    def __init__(self, named_parameters, *, process_set=None, compressor=None,
+                 op=_C.ReduceOp.AVG, backward_passes_per_step=1, bucket_cap_mb=None,
+                 name="dp", sync_in_backward=False):
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self.group = group_or_world(process_set)
+        self.backward_passes_per_step = backward_passes_per_step
+        self.sync_in_backward = sync_in_backward
+        seen, entries = set(), []
+        for pname, p in named_parameters:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                entries.append((pname, p))
+        self.names = [n for n, _ in entries]
+        self.params = [p for _, p in entries]
+        self.grads = []
+        for pname, p in entries:
+            if p.is_sparse or (p.grad is not None and p.grad.is_sparse):
+                raise error(_C.UnsupportedError, f"parameter '{pname}': sparse gradients "
+                            "are not supported (use dense embeddings)")
+            buf = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            if p.grad is not None:
+                buf.copy_(p.grad)
+            p.grad = buf
+            self.grads.append(buf)
+        self.reducer = _C.Reducer(self.group, bucket_cap_mb=bucket_cap_mb, op=op,
+                                  compressor=compressor, name=name)
+        # The compressor in use (None: plain all-reduce); a Stateful whose
+        # state_dict() a checkpoint must carry.
+        self.compressor = self.reducer.options["compressor"]
+        for pname, p, g in zip(self.names, self.params, self.grads):
+            self.reducer.add_parameter(pname, export(p), g)
+        self.reducer.build()
+        self._keep = []
+        for i, p in enumerate(self.params):
+            self._keep.append(_post_accumulate_hook(p, lambda i=i: self._on_grad(i)))
+        self._in_pass = False
+        self._reducing = False
+        self._guard = None
+        self._passes = 0       # accumulation passes in this step
+        self._pending = False  # a reducing pass ended; synchronize() waits for it
+        self._ready = 0        # hooks that fired in this pass
+        self.no_sync_depth = 0
+
+    # ---- the autograd side ------------------------------------------------------
+
+    def _on_grad(self, i):
+        if not self._in_pass:
+            self._begin_pass()
+        p, buf = self.params[i], self.grads[i]
+        g = p.grad
+        if g is not buf:
+            if g.data_ptr() != buf.data_ptr() or g.shape != buf.shape:
+                buf.copy_(g)
+            p.grad = buf
+        self._ready += 1
+        self.reducer.grad_ready(i, stream_of(buf))
+
+    def _begin_pass(self):
+        if self._pending:
+            raise error(_C.InvalidArgumentError,
+                        "Gradients were computed more than backward_passes_per_step "
+                        f"({self.backward_passes_per_step}) times before call to step(). "
+                        "Increase backward_passes_per_step to accumulate gradients locally.")
+        self._in_pass = True
+        self._ready = 0
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
+        self._reducing = (self.no_sync_depth == 0 and
+                          self._passes + 1 >= self.backward_passes_per_step)
+        if not self._reducing:
+            self._guard = self.reducer.no_sync()
+            self._guard.__enter__()
+
+    def _end_pass(self):
+        self._in_pass = False
+        if self._reducing:
+            self._pending = True
+            if self.sync_in_backward:
+                self.synchronize()
+            return
+        try:
+            self.reducer.synchronize()  # an accumulation pass: no communication
+        finally:
+            self._guard.__exit__(None, None, None)
+            self._guard = None
+        if self.no_sync_depth == 0:
+            self._passes += 1
+
+    # ---- the step side ------------------------------------------------------------
+
+    @property
+    def pending(self):
+        """True between a reducing backward pass and synchronize()."""
+        return self._pending
+
+    def synchronize(self):
+        """Waits for the gradient reduction and writes the averages into every
+        parameter's ``.grad``.  Returns True when something was reduced."""
+        if self._in_pass:
+            raise error(_C.InvalidArgumentError,
+                        "synchronize()/step() called while a backward pass is running")
+        if not self._pending and self._passes == 0:
+            return False  # no backward since the last step
+        buf = next((g for g in self.grads if g.is_cuda), None)
+        stream = stream_of(buf) if buf is not None else 0
+        try:
+            reduced = self.reducer.synchronize(stream)
+        finally:
+            self._pending = False
+            self._passes = 0
+        if self._ready < len(self.params):
+            # Unused parameters also hold the (zero or accumulated) average.
+            for p, g in zip(self.params, self.grads):
+                if p.grad is not g:
+                    p.grad = g
+        return reduced
+
+    def broadcast_parameters(self, root_rank=0):
+        """Collective: copies every registered parameter from root_rank."""
+        self.reducer.broadcast_parameters(root_rank)
+
+    def close(self):
+        """Removes the hooks (the reducer is released with this object)."""
+        for kept in self._keep:
+            kept[0].remove()
+        self._keep = []

@@ -1,0 +1,260 @@
+"""Checkpoints and preemption through the bindings: round trips of numpy,
+torch and Stateful state, sharded tensors resharded on load, async snapshot
+isolation, corruption fallback, safetensors interop, mismatches on every
+rank; preemption notices (code, signal, trigger file, a mock AWS metadata
+server) agreed across ranks; and tutti.torch.checkpoint resuming a training
+run bit-exactly (model, Adam, loss scaler, compressor, RNG, data position).
+Skipped when the build has no checkpoint/preemption layer."""
+import http.server
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tutti
+
+torch = pytest.importorskip("torch")
+import tutti.torch as hvd  # noqa: E402
+
+if not tutti.checkpoint.available():
+    pytest.skip("this build has no checkpoint/preemption layer", allow_module_level=True)
+
+
+@pytest.fixture
+def ckpt_dir(world):
+    """One directory for every rank (created by rank 0, name broadcast,
+    removed afterwards)."""
+    name = np.zeros(256, np.uint8)
+    if world.rank == 0:
+        path = tempfile.mkdtemp(prefix="tutti-ckpt-").encode()
+        name[:len(path)] = np.frombuffer(path, np.uint8)
+    world.broadcast(name, root=0)
+    path = name.tobytes().rstrip(b"\0").decode()
+    yield path
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_round_trip_with_metadata_and_stateful(world, rank, size, ckpt_dir):
+    mgr = tutti.CheckpointManager(world, ckpt_dir, keep_last=2)
+    w = torch.arange(6.0).reshape(2, 3) + rank * 0  # replicated
+    b = np.full(4, 7, np.int64)
+    scaler = tutti.amp.DynamicLossScaler(init_scale=32.0)
+    state = {"model": {"w": w, "b": b}, "scaler": scaler}
+    for step in (10, 20, 30):
+        w += 1
+        mgr.save(step, state, {"data_position": {"epoch": step // 10}, "lr": 0.1})
+    mgr.wait()
+    if rank == 0:  # rank 0 applies retention before its save completes
+        assert [c["step"] for c in mgr.list()] == [20, 30], "keep_last=2"
+    assert mgr.list()[-1]["step"] == 30
+    assert mgr.latest_step() == 30 and mgr.last_save_stats()["step"] == 30
+    assert [c["step"] for c in tutti.list_checkpoints(ckpt_dir)][-1] == 30
+    assert tutti.verify_checkpoint(mgr.list()[-1]["path"]) == ""
+    w.zero_()
+    b[:] = 0
+    sd = scaler.state_dict()
+    sd["amp/loss_scaler/scale"][0] = 1.0
+    scaler.load_state_dict(sd)
+    res = mgr.load(state)
+    assert res["step"] == 30 and res["metadata"] == {"data_position": {"epoch": 3}, "lr": 0.1}
+    assert res["saved_world_size"] == size and res["skipped"] == []
+    assert torch.equal(w, torch.arange(6.0).reshape(2, 3) + 3)
+    assert b.tolist() == [7] * 4 and scaler.scale == 32.0
+    older = mgr.load({"model": {"w": w}}, step=20)
+    assert older["step"] == 20 and torch.equal(w, torch.arange(6.0).reshape(2, 3) + 2)
+    mgr.close()
+
+
+def test_async_snapshot_isolation_and_safetensors_interop(world, rank, size, ckpt_dir):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    with tutti.CheckpointManager(world, ckpt_dir, async_save=True, direct_io=False) as mgr:
+        x = np.full((1, 1000), float(rank), np.float32)
+        mgr.save(1, {"m": {"x": (x, {"global_shape": [size, 1000], "dim": 0, "offset": rank})}})
+        x[:] = -1  # after save() returned: not in the checkpoint
+        mgr.wait()
+        shard = os.path.join(mgr.list()[-1]["path"], f"rank-{rank:05d}.safetensors")
+        got = safetensors_numpy.load_file(shard)
+        assert got["m/x"].tolist() == [[float(rank)] * 1000]
+
+
+def test_resharding_rows_to_replicated(world, rank, size, ckpt_dir):
+    """Each rank saves its rows of a global [2 size, 3] tensor; every rank
+    then loads the whole tensor (and a different split of it)."""
+    mgr = tutti.CheckpointManager(world, ckpt_dir, async_save=False)
+    glob = np.arange(2 * size * 3, dtype=np.float64).reshape(2 * size, 3)
+    mine = np.ascontiguousarray(glob[2 * rank:2 * rank + 2])
+    mgr.save(5, {"t": {"x": (mine, {"global_shape": [2 * size, 3], "dim": 0,
+                                    "offset": 2 * rank, "group": "tp"})}})
+    whole = np.zeros_like(glob)
+    mgr.load({"t": {"x": whole}})
+    np.testing.assert_array_equal(whole, glob)
+    cols = np.zeros((2 * size, 1))
+    mgr.load({"t": {"x": (cols, {"global_shape": [2 * size, 3], "dim": 1, "offset": 1})}})
+    np.testing.assert_array_equal(cols[:, 0], glob[:, 1])
+    mgr.close()
+
+
+def test_corruption_falls_back_and_mismatch_raises_everywhere(world, rank, size, ckpt_dir):
+    mgr = tutti.CheckpointManager(world, ckpt_dir, async_save=False, keep_last=5)
+    v = np.ones(64, np.float32)
+    mgr.save(1, {"m": {"v": v}})
+    v[:] = 2
+    mgr.save(2, {"m": {"v": v}})
+    world.barrier()
+    if rank == 0:  # flip a byte in the newest shard's data
+        path = os.path.join(mgr.list()[-1]["path"], "rank-00000.safetensors")
+        with open(path, "r+b") as f:
+            f.seek(-4, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-4, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    world.barrier()
+    assert tutti.verify_checkpoint(mgr.list()[-1]["path"]) != ""
+    v[:] = 0
+    assert mgr.load({"m": {"v": v}})["step"] == 1
+    assert v.tolist() == [1.0] * 64
+    with pytest.raises(tutti.MismatchError, match="m/v"):
+        mgr.load({"m": {"v": np.zeros(65, np.float32)}})
+    with pytest.raises(tutti.InvalidArgumentError):
+        mgr.save(3, {"bad/name": {"v": v}})
+    mgr.close()
+    with pytest.raises(tutti.InvalidArgumentError, match="closed"):
+        mgr.wait()
+
+
+def test_no_checkpoint_yet(world, ckpt_dir):
+    with tutti.CheckpointManager(world, ckpt_dir) as mgr:
+        assert mgr.load({"m": {"v": np.zeros(2)}}) is None and mgr.latest_step() is None
+        assert hvd.checkpoint.load(mgr, model=torch.nn.Linear(2, 2)) is None
+
+
+# ---- preemption -------------------------------------------------------------------
+
+def test_notice_on_one_rank_stops_every_rank(world, rank, size):
+    with tutti.PreemptionMonitor(sources="none") as mon:
+        assert mon.local() == tutti.NoticeKind.NONE and not mon.should_stop()
+        if rank == size - 1:
+            mon.notify(tutti.NoticeKind.STOP, "test", "maintenance")
+        assert mon.should_stop() is True
+        assert mon.agree() == tutti.NoticeKind.STOP
+        if rank == size - 1:
+            assert mon.notice()["source"] == "test"
+    with tutti.PreemptionMonitor(sources="none", stop_on_rebalance=False) as mon:
+        mon.notify(tutti.NoticeKind.REBALANCE, "test")
+        assert mon.agree() == tutti.NoticeKind.REBALANCE and not mon.should_stop()
+
+
+def test_signal_and_trigger_file(world, rank, size, ckpt_dir):
+    trigger = os.path.join(ckpt_dir, f"preempt-{rank}")
+    with tutti.PreemptionMonitor(sources="signals,file", trigger_file=trigger,
+                                 poll_ms=20) as mon:
+        assert set(mon.sources) == {"signals", "file"}
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGUSR1)  # what mpirun forwards
+        deadline = time.time() + 5
+        while rank == 0 and mon.local() != tutti.NoticeKind.STOP and time.time() < deadline:
+            time.sleep(0.01)
+        assert mon.should_stop()
+    with tutti.PreemptionMonitor(sources="file", trigger_file=trigger, poll_ms=20) as mon:
+        if rank == size - 1:
+            open(trigger, "w").close()
+        deadline = time.time() + 5
+        while (rank == size - 1 and mon.local() != tutti.NoticeKind.STOP
+               and time.time() < deadline):
+            time.sleep(0.01)
+        assert mon.should_stop()
+
+
+class _FakeAws(http.server.BaseHTTPRequestHandler):
+    def do_PUT(self):  # IMDSv2 token
+        self._reply(200, b"token")
+
+    def do_GET(self):
+        if self.path.endswith("spot/instance-action"):
+            self._reply(200, b'{"action": "terminate", "time": "2030-01-01T00:00:00Z"}')
+        else:
+            self._reply(404, b"")
+
+    def _reply(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_aws_spot_notice_from_a_mock_metadata_server(world, rank, size):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeAws)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with tutti.PreemptionMonitor(sources="aws" if rank == 0 else "none", aws_url=url,
+                                     poll_ms=20, http_timeout_ms=500) as mon:
+            deadline = time.time() + 10
+            while rank == 0 and mon.local() != tutti.NoticeKind.STOP and time.time() < deadline:
+                time.sleep(0.02)
+            if rank == 0:
+                assert mon.notice()["source"] == "aws"
+                assert "terminate" in mon.notice()["detail"]
+            assert mon.should_stop()
+    finally:
+        server.shutdown()
+
+
+# ---- tutti.torch.checkpoint ---------------------------------------------------------
+
+def _training(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(16, 2))
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.topk(ratio=0.25))
+    scaler = hvd.LossScaler(init_scale=256.0, growth_interval=3)
+    return model, opt, scaler
+
+
+def _steps(model, opt, scaler, begin, end, rank):
+    for step in range(begin, end):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        torch.rand(3)  # the RNG stream moves on, as dropout and shuffles do
+
+
+def test_torch_training_resumes_bit_exactly(world, rank, size, ckpt_dir):
+    hvd.init()
+    mgr = tutti.CheckpointManager(world, ckpt_dir, keep_last=3)
+    model, opt, scaler = _training(seed=1)
+    hvd.broadcast_parameters(model.state_dict(), 0)
+    torch.manual_seed(50 + rank)
+    _steps(model, opt, scaler, 0, 4, rank)
+    hvd.checkpoint.save(mgr, 4, model=model, optimizer=opt, scaler=scaler,
+                        data_position={"epoch": 0, "batch": 4}, metadata={"note": "x"})
+    _steps(model, opt, scaler, 4, 8, rank)
+    expect = [p.detach().clone() for p in model.parameters()]
+    expect_scale = scaler.get_scale()
+    # A fresh process's objects: other weights, no optimizer state, other RNG.
+    model2, opt2, scaler2 = _training(seed=2)
+    torch.manual_seed(999)
+    res = hvd.checkpoint.load(mgr, model=model2, optimizer=opt2, scaler=scaler2)
+    assert res["step"] == 4 and res["data_position"] == {"epoch": 0, "batch": 4}
+    assert res["metadata"] == {"note": "x"} and res["skipped"] == []
+    _steps(model2, opt2, scaler2, 4, 8, rank)
+    for p, q in zip(model2.parameters(), expect):
+        assert torch.equal(p, q)
+    assert scaler2.get_scale() == expect_scale
+    assert opt2.param_groups[0]["betas"] == opt.param_groups[0]["betas"]
+    mgr.close()

@@ -1,0 +1,100 @@
+"""CUDA tensors through the bindings (ctest label gpu): NCCL collectives on
+torch (and CuPy, when installed) device tensors, zero copy, the reducer and
+DistributedOptimizer on a CUDA model, torch's GradScaler with agreed
+overflow, the loss scaler and tensor-parallel modules on the device.
+Skipped ("no CUDA device") where there is none."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import tutti  # noqa: E402
+import tutti.torch as hvd  # noqa: E402
+
+import horovod_mlp  # noqa: E402
+
+if not (torch.cuda.is_available() and tutti.cuda_built() and tutti.cuda_device_count() > 0):
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def device(world):
+    hvd.init()
+    d = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(d)
+    return d
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
+def test_nccl_collectives_zero_copy(world, rank, size, device, dtype):
+    x = (torch.arange(6, device=device) * 2 + rank).to(dtype)
+    ptr = x.data_ptr()
+    world.allreduce(x, op="sum", stream=torch.cuda.current_stream().cuda_stream)
+    assert x.data_ptr() == ptr
+    expect = (torch.arange(6) * 2 * size + sum(range(size))).to(dtype)
+    assert torch.equal(x.cpu(), expect)
+    got = hvd.allgather(torch.full((rank + 1, 2), float(rank), device=device))
+    assert got.is_cuda and got.shape[0] == size * (size + 1) // 2
+    b = hvd.broadcast(torch.full((3,), float(rank), device=device), size - 1)
+    assert torch.equal(b.cpu(), torch.full((3,), float(size - 1)))
+
+
+def test_cupy_allreduce(world, rank, size, device):
+    cupy = pytest.importorskip("cupy")
+    with cupy.cuda.Device(device.index):
+        a = cupy.full(4, rank, dtype=cupy.float32)
+        world.allreduce(a, op="sum")
+        assert cupy.asnumpy(a).tolist() == [float(sum(range(size)))] * 4
+
+
+def test_distributed_optimizer_on_cuda_matches_full_batch(rank, size, device):
+    x, y = (t.float().to(device) for t in horovod_mlp.dataset())
+    model = horovod_mlp.make_model(1).float().to(device)
+    ref = horovod_mlp.make_model(1).float().to(device)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    n = 12 // size
+    for s in range(3):
+        opt.zero_grad()
+        F.mse_loss(model(x[s * 12 + rank * n:][:n]), y[s * 12 + rank * n:][:n]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        F.mse_loss(ref(x[s * 12:(s + 1) * 12]), y[s * 12:(s + 1) * 12]).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_grad_scaler_agrees_on_overflow(rank, size, device):
+    model = torch.nn.Linear(3, 2).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    scaler = hvd.GradScaler(init_scale=256.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.scale(model(torch.ones(1, 3, device=device)).sum()).backward()
+    if rank == size - 1:
+        model.bias.grad[0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b), "every rank skipped"
+    assert scaler.get_scale() == 128.0
+
+
+def test_loss_scaler_and_tp_modules_on_cuda(world, rank, size, device):
+    g = [torch.full((4,), 1024.0, device=device, dtype=torch.float16)]
+    s = tutti.amp.DynamicLossScaler(init_scale=1024.0)
+    assert s.unscale_and_check(g, groups=[world],
+                               stream=torch.cuda.current_stream().cuda_stream) is False
+    assert torch.equal(g[0].cpu(), torch.ones(4, dtype=torch.float16))
+    mesh = tutti.ProcessMesh(world, size)
+    from tutti.torch import tensor_parallel as tp
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(4, 2 * size).to(device)
+    col = tp.ColumnParallelLinear(4, 2 * size, mesh, device=device)
+    col.layer.load_from_full(dense.weight.detach().cpu(), dense.bias.detach().cpu())
+    x = torch.randn(3, 4, device=device)
+    torch.cuda.synchronize()
+    assert torch.allclose(col(x), dense(x), rtol=1e-4, atol=1e-5)

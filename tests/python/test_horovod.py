@@ -1,0 +1,106 @@
+"""A Horovod-style training script (horovod_mlp.py, Horovod API names only)
+trained on every rank of this job matches single-process training on the
+full batch; Horovod's DistributedOptimizer semantics (accumulation, Sum,
+synchronize/skip_synchronize, zero_grad checks) hold."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import tutti  # noqa: E402
+import tutti.torch as hvd  # noqa: E402
+
+import horovod_mlp  # noqa: E402
+
+
+def assert_same_model(a, b, rtol):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p, q, rtol=rtol, atol=rtol * 1e-2), name
+
+
+@pytest.mark.parametrize("variant", [
+    dict(),
+    dict(backward_passes_per_step=2),
+    dict(op="sum"),
+    dict(optimizer="adam", lr=0.01),
+])
+def test_distributed_training_matches_full_batch(variant):
+    model, losses = horovod_mlp.train(steps=6, **variant)
+    ref_args = {k: v for k, v in variant.items() if k in ("lr", "optimizer")}
+    ref, ref_losses = horovod_mlp.train_single_process(steps=6, **ref_args)
+    # float64 everywhere: only the summation order differs.
+    assert_same_model(model, ref, rtol=1e-10)
+    assert losses == pytest.approx(ref_losses, rel=1e-10)
+    assert losses[-1] < losses[0]
+    # Every rank holds the same parameters.
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.equal(hvd.broadcast(flat, 0), flat)
+
+
+def make_opt(model, **kw):
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
+
+
+def test_optimizer_protocol(rank, size):
+    hvd.init()
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    opt = make_opt(model)
+    assert isinstance(opt, torch.optim.SGD)
+    # Gradient of sum(w . x_r) is x_r; the average is the mean of the x_r.
+    x = torch.tensor([[1.0 + rank, 2.0 * rank]])
+    model(x).sum().backward()
+    with pytest.raises(tutti.InvalidArgumentError, match="zero_grad"):
+        opt.zero_grad()  # before the reduction was waited for
+    opt.synchronize()
+    mean = torch.tensor([[1.0 + (size - 1) / 2, (size - 1) * 1.0]])
+    assert torch.allclose(model.weight.grad, mean)
+    with opt.skip_synchronize():
+        opt.step()
+    assert torch.allclose(model.weight, -0.5 * mean)
+    opt.zero_grad()
+    # Too many backward passes before step() is Horovod's error.
+    model(x).sum().backward()
+    with pytest.raises(tutti.InvalidArgumentError, match="backward_passes_per_step"):
+        model(x).sum().backward()
+    opt.step()
+    stats = opt.reducer.stats()
+    assert stats["steps"] == 2 and stats["buckets_reduced"] >= 2
+
+
+def test_fewer_passes_than_backward_passes_per_step_still_reduce(rank, size):
+    """step() after one of two passes reduces what was accumulated (Horovod
+    forces the allreduce in step() too)."""
+    model = torch.nn.Linear(3, 1, bias=False)
+    opt = make_opt(model, backward_passes_per_step=2)
+    model(torch.full((1, 3), float(rank))).sum().backward()
+    assert opt.reducer.stats()["steps"] == 0
+    opt.synchronize()
+    assert torch.allclose(model.weight.grad, torch.full((1, 3), (size - 1) / 2))
+
+
+def test_zero_grad_set_to_none_and_unused_parameters(rank, size):
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(2, 2), "unused": torch.nn.Linear(2, 2)})
+    opt = make_opt(model)
+    for step in range(2):
+        opt.zero_grad(set_to_none=True)
+        x = torch.full((1, 2), float(rank + step))
+        model["used"](x).sum().backward()
+        opt.synchronize()
+        expect = float(step) + (size - 1) / 2
+        assert torch.allclose(model["used"].weight.grad, torch.full((2, 2), expect))
+        # Unused on every rank: zero, present (Horovod fills them in).
+        assert torch.equal(model["unused"].weight.grad, torch.zeros(2, 2))
+        with opt.skip_synchronize():
+            opt.step()
+
+
+def test_named_parameters_checks():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(opt, named_parameters=[("w", model.weight)])
+    with pytest.raises(ValueError, match="unique"):
+        hvd.DistributedOptimizer(opt, named_parameters=[("w", model.weight), ("w", model.bias)])
+    with pytest.raises(tutti.UnsupportedError):
+        hvd.DistributedOptimizer(opt, op=hvd.Adasum)
