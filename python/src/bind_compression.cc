@@ -27,9 +27,11 @@ void bind_compression(pyb::module_& m) {
         d["encode_seconds"] = s.encode_seconds;
         d["comm_seconds"] = s.comm_seconds;
         d["decode_seconds"] = s.decode_seconds;
+        d["nonfinite_steps"] = s.nonfinite_steps;
         return d;
       }, "Totals since construction or reset_stats(): uncompressed_bytes, "
-         "wire_bytes, encode/comm/decode seconds.")
+         "wire_bytes, encode/comm/decode seconds, nonfinite_steps (bucket steps "
+         "skipped because some rank's gradients held Inf/NaN).")
       .def("reset_stats", &Compressor::reset_stats)
       .def("__repr__", [](const Compressor& c) {
         return "<tutti.Compressor '" + c.name() + "'>";

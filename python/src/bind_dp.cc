@@ -160,6 +160,10 @@ void bind_dp(pyb::module_& m) {
          "Ends a backward pass.  True when it reduced (every gradient holds the "
          "average/sum, bit-identical on every rank); False for an "
          "accumulation pass.")
+      .def("set_gradient_scale", &Reducer::set_gradient_scale, pyb::arg("scale"),
+           "The factor the following passes' gradients carry (the AMP loss "
+           "scale): error-feedback compressors keep residuals in these units.  "
+           "Call between passes.")
       .def("no_sync", [](std::shared_ptr<Reducer> r) { return PyNoSync{r, nullptr}; },
            "with reducer.no_sync(): ... accumulate without communicating.")
       .def("broadcast_parameters", [](Reducer& r, int root, int64_t stream) {

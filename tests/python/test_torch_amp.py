@@ -103,3 +103,45 @@ def test_overflow_at_the_minimum_scale_names_the_parameter(rank, size):
     with pytest.raises(tutti.InvalidArgumentError, match="'weight'"):
         scaler.update()
     assert scaler.skipped_steps == 1
+
+
+@pytest.mark.parametrize("algo", ["topk", "onebit"])
+def test_loss_scaler_with_error_feedback_compressor(rank, size, algo):
+    # LossScaler.scale() hands its scale to the DistributedOptimizer's
+    # reducer: the residuals are kept at that scale (state "grad_scale"), and
+    # one rank's overflow marks the bucket NaN everywhere without touching
+    # the residuals, so every rank skips the step.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(),
+                                   compression=tutti.make_compressor(algo))
+    scaler = hvd.LossScaler(init_scale=512.0, growth_interval=1000)
+    comp = opt.compressor
+    x = torch.randn(4, 16) * (rank + 1)
+
+    def step(poison=False):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        if poison and rank == size - 1:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    step()
+    scales = {k: v for k, v in comp.state_dict().items() if k.endswith("/grad_scale")}
+    assert scales and all(float(v[0]) == 512.0 for v in scales.values()), scales
+    residuals = {k: v.copy() for k, v in comp.state_dict().items() if k.endswith("/residual")}
+    weights = [p.detach().clone() for p in model.parameters()]
+    step(poison=True)
+    assert scaler.skipped_steps == 1 and scaler.get_scale() == 256.0
+    for p, w in zip(model.parameters(), weights):
+        assert torch.equal(p, w), "the overflow step was skipped on every rank"
+    after = comp.state_dict()
+    for k, v in residuals.items():
+        assert (after[k] == v).all(), f"{k} changed in the skipped step"
+    assert comp.stats()["nonfinite_steps"] == 1
+    step()  # the next step runs at the backed-off scale
+    scales = {k: v for k, v in comp.state_dict().items() if k.endswith("/grad_scale")}
+    assert all(float(v[0]) == 256.0 for v in scales.values()), scales

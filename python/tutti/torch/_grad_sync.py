@@ -23,6 +23,7 @@ One GradSync serves DistributedOptimizer (the reduction is waited for in
 import torch
 
 from .. import _C
+from . import _util
 from ._util import error, export, group_or_world, stream_of
 
 
@@ -103,6 +104,9 @@ class GradSync:
                         "Increase backward_passes_per_step to accumulate gradients locally.")
         self._in_pass = True
         self._ready = 0
+        scale = _util.current_loss_scale[0]
+        if self.compressor is not None and scale is not None:
+            self.reducer.set_gradient_scale(scale)
         torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         self._reducing = (self.no_sync_depth == 0 and
                           self._passes + 1 >= self.backward_passes_per_step)

@@ -29,3 +29,10 @@ def error(cls, message):
     errors carry."""
     rank = _C.rank() if _C.initialized() else 0
     return cls(f"rank {rank}: {message}")
+
+
+# The loss scale of the newest LossScaler.scale() call: DistributedOptimizer
+# and DistributedDataParallel hand it to their reducer at the start of each
+# backward pass, so error-feedback compressors keep residuals in the units
+# the gradients carry (tutti.Reducer.set_gradient_scale).
+current_loss_scale = [None]

@@ -21,6 +21,7 @@ import math
 import torch
 
 from .. import _C
+from . import _util
 from ._util import group_or_world, stream_of
 
 _READY, _UNSCALED, _STEPPED = 0, 1, 2
@@ -131,6 +132,7 @@ class LossScaler:
         if not self._enabled:
             return outputs
         s = self._scaler.scale
+        _util.current_loss_scale[0] = s  # for compressors' residuals (_grad_sync)
         if torch.is_tensor(outputs):
             return outputs * s
         return type(outputs)(o * s for o in outputs)
