@@ -26,6 +26,9 @@
 #                        TCP only on the cluster subnet, ranks launched
 #                        through the rsh agent below; extra mpiexec options
 #                        may precede CMD after "--".
+#   mpiargs [--per-host S]
+#                        prints the mpiexec options "run" uses (one per
+#                        line), for launchers that wrap mpiexec (tutti-run).
 #   rsh HOST CMD...      the rsh agent OpenMPI invokes: runs CMD in HOST's
 #                        namespace (in its own UTS namespace, hostname P<i>,
 #                        so OpenMPI sees distinct nodes).
@@ -165,6 +168,24 @@ cmd_exec() {
   exec ip netns exec "$PREFIX$i" "$@"
 }
 
+# The mpiexec options for this cluster, one per line.
+mpi_options() {
+  local per_host=$1 subnet
+  subnet=$(cat "$STATE_ROOT/$PREFIX.subnet")
+  printf '%s\n' --host "$(cmd_hosts --per-host "$per_host")" \
+    --mca plm_rsh_agent "$(agent_file)" --mca plm_rsh_no_tree_spawn 1 \
+    --mca btl tcp,self --mca btl_tcp_if_include "$subnet" \
+    --mca oob_tcp_if_include "$subnet" \
+    -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
+}
+
+cmd_mpiargs() {
+  require_up
+  local per_host=1
+  if [[ ${1:-} == --per-host ]]; then per_host=$2; shift 2; fi
+  mpi_options "$per_host"
+}
+
 cmd_run() {
   require_up
   local np="" per_host=1
@@ -174,15 +195,10 @@ cmd_run() {
   done
   [[ -n $np ]] || np=$(( $(wc -l <"$(state_file)") * per_host ))
   [[ ${1:-} == -- ]] && shift
-  local subnet
-  subnet=$(cat "$STATE_ROOT/$PREFIX.subnet")
+  local opts=()
+  mapfile -t opts < <(mpi_options "$per_host")
   exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpiexec -np "$np" --host "$(cmd_hosts --per-host "$per_host")" \
-    --mca plm_rsh_agent "$(agent_file)" --mca plm_rsh_no_tree_spawn 1 \
-    --mca btl tcp,self --mca btl_tcp_if_include "$subnet" \
-    --mca oob_tcp_if_include "$subnet" \
-    -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
-    "$@"
+    mpiexec -np "$np" "${opts[@]}" "$@"
 }
 
 cmd_status() {
@@ -197,7 +213,7 @@ main() {
   if [[ ${1:-} == --prefix ]]; then PREFIX=${2:-}; shift 2; fi
   [[ $PREFIX =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "prefix '$PREFIX': 1-8 lower-case letters/digits"
   case $cmd in
-    up|down|rate|hosts|run|rsh|exec|status)
+    up|down|rate|hosts|mpiargs|run|rsh|exec|status)
       [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)" ;;
   esac
   case $cmd in
@@ -205,6 +221,7 @@ main() {
     down) cmd_down ;;
     rate) cmd_rate "$@" ;;
     hosts) cmd_hosts "$@" ;;
+    mpiargs) cmd_mpiargs "$@" ;;
     run) cmd_run "$@" ;;
     rsh) cmd_rsh "$@" ;;
     exec) cmd_exec "$@" ;;
