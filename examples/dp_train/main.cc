@@ -315,6 +315,7 @@ int main(int argc, char** argv) {
                      "steps (expected below %.2f x the first)\n", first_loss, tail,
                      static_cast<long long>(tail_n), a.learn_ratio);
     }
+    ckpt.reset();  // a CheckpointManager is destroyed before shutdown()
     tutti::shutdown();
     return hmin != hmax ? 1 : learned ? 0 : 4;
   } catch (const tutti::Error& e) {

@@ -190,7 +190,7 @@ class TUTTI_API Reducer : public Stateful {
   // synchronize()).  Handed to the compressor (CompressContext::grad_scale)
   // so error-feedback residuals follow loss-scale changes.  Finite and
   // positive; default 1.  Call between passes, e.g. after each
-  // LossScaler::update().
+  // amp::DynamicLossScaler::update().
   void set_gradient_scale(float scale);
 
   // Collective: copies every registered parameter from `root` to the other
