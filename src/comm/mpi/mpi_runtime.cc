@@ -97,6 +97,13 @@ InitState initialize() {
       TUTTI_THROW(kUnsupported,
                   "MPI was already finalised in this process; tutti cannot "
                   "initialise it again");
+    // Open MPI's non-blocking all-reduce (coll/libnbc, what tutti's
+    // MPI_Iallreduce runs on) picks a binomial tree below 4 ranks and for
+    // in-place buffers: reduce to a root, broadcast back, twice a ring's
+    // traffic on the root.  Its ring measured 1.2-2.4x MPI_Allreduce's busbw
+    // from 256 KiB up at 2 ranks (bench/RESULTS.md).  Ask for the ring
+    // unless the user chose; other MPIs ignore the variable.
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
     TUTTI_MPI_CHECK(
         MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &s.thread_level));
     s.owned = true;
