@@ -64,7 +64,7 @@ const std::vector<SettingInfo> kSettings = {
      "step; a disagreement is an error naming the group."},
     // ---- checkpoints
     {"TUTTI_CKPT_DIR", "string", "",
-     "Checkpoint directory used by examples and tutti-run."},
+     "Checkpoint directory a CheckpointManager uses when its options name none."},
     {"TUTTI_CKPT_KEEP", "int", "3",
      "Complete checkpoints to keep (never fewer than 1)."},
     {"TUTTI_CKPT_MAX_HEADER_MB", "int", "100",
