@@ -386,7 +386,7 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
     b.steps += 1;
     return;
   }
-  if (has_error_feedback()) {
+  if (const DeviceArray* res = residual(id)) {
     TUTTI_ARG_CHECK(std::isfinite(ctx.grad_scale) && ctx.grad_scale > 0.0f,
                     name_, " compressor: bucket ", id, ": gradient scale ",
                     ctx.grad_scale, " must be finite and positive");
@@ -402,20 +402,16 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
     if (ctx.grad_scale != b.grad_scale) {
       // Residuals were accumulated at the old scale: bring them to the new
       // one (loss scales are powers of two, so this is exact).
-      rescale_residuals(id, ctx.grad_scale / b.grad_scale, ctx.stream);
+      if (res->bytes() > 0) {
+        const Tensor r = res->flat(DType::kFloat32);
+        amp::scale_copy({r}, {r}, ctx.grad_scale / b.grad_scale, ctx.stream);
+      }
       b.grad_scale = ctx.grad_scale;
     }
     clock.encode();
   }
   run(id, t, ctx, clock);
   b.steps += 1;
-}
-
-void BucketCompressor::scale_residual(const DeviceArray& residual, float factor,
-                                      void* stream) {
-  if (residual.bytes() == 0) return;
-  const Tensor t = residual.flat(DType::kFloat32);
-  amp::scale_copy({t}, {t}, factor, stream);
 }
 
 namespace {
@@ -472,9 +468,12 @@ StateDict BucketCompressor::state_dict() {
   for (auto& kv : buckets_) {
     append_state_tensor(&out, state_name(kv.first, "step"),
                         Tensor::of(&kv.second.steps, 1));
-    if (has_error_feedback())
+    if (const DeviceArray* res = residual(kv.first)) {
       append_state_tensor(&out, state_name(kv.first, "grad_scale"),
                           Tensor::of(&kv.second.grad_scale, 1));
+      append_state_tensor(&out, state_name(kv.first, "residual"),
+                          res->flat(DType::kFloat32));
+    }
     append_state(kv.first, &out);
   }
   return out;

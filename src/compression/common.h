@@ -201,17 +201,13 @@ class BucketCompressor : public Compressor {
   virtual void run(int id, const Tensor& bucket, const CompressContext& ctx,
                    PhaseClock& clock) = 0;
   virtual void append_state(int id, StateDict* out) {}
-  // Error-feedback compressors return true: step() then checks the bucket
+  // Bucket `id`'s error-feedback residual (float32), or null for
+  // compressors without error feedback.  With one, step() checks the bucket
   // for Inf/NaN and agrees on it across ranks before run() (see
-  // tutti/compression.h), and keeps residuals in CompressContext::grad_scale
-  // units.
-  virtual bool has_error_feedback() const { return false; }
-  // Multiplies bucket `id`'s residuals by `factor` (a change of gradient
-  // scale).  Compressors with error feedback override it.
-  virtual void rescale_residuals(int id, float factor, void* stream) {}
-  // residual *= factor over a float32 array (CPU or CUDA).
-  static void scale_residual(const DeviceArray& residual, float factor,
-                             void* stream);
+  // tutti/compression.h), rescales the residual when
+  // CompressContext::grad_scale changes, and state_dict() reports it as
+  // "<prefix>/bucket<id>/residual" (before append_state()'s entries).
+  virtual const DeviceArray* residual(int id) const { return nullptr; }
   std::string state_name(int id, const char* what) const;
   // OpOptions for a collective of this bucket ("compressor/topk/bucket3/P").
   OpOptions op_options(int id, const char* what,

@@ -165,16 +165,13 @@ void PowerSgdCompressor::on_setup(const BucketLayout& l) {
   states_.emplace(l.id, std::move(s));
 }
 
-void PowerSgdCompressor::rescale_residuals(int id, float factor, void* stream) {
-  // Q is a direction (re-orthogonalised every step): only the error scales.
-  scale_residual(states_.at(id).residual, factor, stream);
+const DeviceArray* PowerSgdCompressor::residual(int id) const {
+  return &states_.at(id).residual;
 }
 
 void PowerSgdCompressor::append_state(int id, StateDict* out) {
-  const State& s = states_.at(id);
-  append_state_tensor(out, state_name(id, "residual"),
-                      s.residual.flat(DType::kFloat32));
-  append_state_tensor(out, state_name(id, "q"), s.q.flat(DType::kFloat32));
+  // The residual is reported by the base class (residual()).
+  append_state_tensor(out, state_name(id, "q"), states_.at(id).q.flat(DType::kFloat32));
 }
 
 Payload PowerSgdCompressor::compressed_payload(int id) const {

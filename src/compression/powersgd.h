@@ -84,8 +84,8 @@ class PowerSgdCompressor final : public BucketCompressor {
   void run(int id, const Tensor& bucket, const CompressContext& ctx,
            PhaseClock& clock) override;
   void append_state(int id, StateDict* out) override;
-  bool has_error_feedback() const override { return true; }
-  void rescale_residuals(int id, float factor, void* stream) override;
+  // Q is a direction (re-orthogonalised every step): only the error scales.
+  const DeviceArray* residual(int id) const override;
 
  private:
   struct Slot {

@@ -205,14 +205,8 @@ class TopkCompressor final : public BucketCompressor {
     states_.emplace(l.id, std::move(s));
   }
 
-  void append_state(int id, StateDict* out) override {
-    append_state_tensor(out, state_name(id, "residual"),
-                        states_.at(id).residual.flat(DType::kFloat32));
-  }
-
-  bool has_error_feedback() const override { return true; }
-  void rescale_residuals(int id, float factor, void* stream) override {
-    scale_residual(states_.at(id).residual, factor, stream);
+  const DeviceArray* residual(int id) const override {
+    return &states_.at(id).residual;
   }
 
   void run(int id, const Tensor& bucket, const CompressContext& ctx,
