@@ -195,6 +195,17 @@ def _reducer_of(model, optimizer):
     return None
 
 
+def _add_sync_state(state, model, optimizer, compressor):
+    """The compressor's and the reducer's entries, where there are any: save
+    and load name the same components."""
+    comp = _compressor_of(compressor, optimizer)
+    if comp is not None:
+        state["compressor"] = comp
+    reducer = _reducer_of(model, optimizer)
+    if reducer is not None:
+        state["reducer"] = reducer
+
+
 def save(manager, step, *, model=None, optimizer=None, scaler=None, compressor=None,
          data_position=None, rng=True, metadata=None):
     """Collective: saves the training state as checkpoint ``step``."""
@@ -211,12 +222,7 @@ def save(manager, step, *, model=None, optimizer=None, scaler=None, compressor=N
             state["scaler"] = inner
         else:
             meta["scaler"] = _json_safe(scaler.state_dict(), "scaler state")
-    comp = _compressor_of(compressor, optimizer)
-    if comp is not None:
-        state["compressor"] = comp
-    reducer = _reducer_of(model, optimizer)
-    if reducer is not None:
-        state["reducer"] = reducer
+    _add_sync_state(state, model, optimizer, compressor)
     if rng:
         state["rng"] = _rng_entry(_rng_blob())
     manager.save(step, state, meta)
@@ -243,12 +249,7 @@ def load(manager, *, model=None, optimizer=None, scaler=None, compressor=None, r
         state["optimizer"] = opt_tensors
     if scaler is not None and _scaler_component(scaler) is not None:
         state["scaler"] = _scaler_component(scaler)
-    comp = _compressor_of(compressor, optimizer)
-    if comp is not None:
-        state["compressor"] = comp
-    reducer = _reducer_of(model, optimizer)
-    if reducer is not None:
-        state["reducer"] = reducer
+    _add_sync_state(state, model, optimizer, compressor)
     blob = torch.zeros((1, RNG_BYTES), dtype=torch.uint8) if rng else None
     if rng:
         state["rng"] = _rng_entry(blob)
