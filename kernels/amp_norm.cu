@@ -79,7 +79,7 @@ void launch_amp_norm_partials(const MtaTable& table, float2* partials,
   check_table(table, "amp_norm", false);
   TUTTI_ARG_CHECK(partials != nullptr, "amp_norm: null partials");
   amp_norm_kernel<<<table.n_blocks, kThreads, 0, stream>>>(table, partials);
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace amp

@@ -103,7 +103,7 @@ void launch_amp_scale_copy(const MtaTable& table, float scale, int32_t* flags,
   TUTTI_ARG_CHECK(scale > 0 && scale <= 3.4028235e38f, "amp_scale_copy: scale ",
                   scale, " is not finite and positive");
   amp_scale_copy_kernel<<<table.n_blocks, kThreads, 0, stream>>>(table, scale, flags);
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace amp

@@ -38,7 +38,7 @@ void launch_cast_convert(const void* src, DType src_dtype, void* dst,
           static_cast<const S*>(src), static_cast<D*>(dst), n, divisor);
     });
   });
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

@@ -47,7 +47,7 @@ void launch_accumulate_f32(const void* src, DType dtype, float* acc, int64_t n,
     accumulate_f32_kernel<T><<<dev::grid_for(n), dev::kThreads, 0, stream>>>(
         static_cast<const T*>(src), acc, n);
   });
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_load_f32(const void* src, DType dtype, float* dst, int64_t n,
@@ -59,7 +59,7 @@ void launch_load_f32(const void* src, DType dtype, float* dst, int64_t n,
     load_f32_kernel<T><<<dev::grid_for(n), dev::kThreads, 0, stream>>>(
         static_cast<const T*>(src), dst, n);
   });
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_store_f32(const float* src, float divisor, void* dst, DType dtype,
@@ -72,7 +72,7 @@ void launch_store_f32(const float* src, float divisor, void* dst, DType dtype,
     store_f32_kernel<T><<<dev::grid_for(n), dev::kThreads, 0, stream>>>(
         src, divisor, static_cast<T*>(dst), n);
   });
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

@@ -116,7 +116,5 @@ __device__ inline int64_t block_exclusive_scan(int64_t v, int64_t* block_total) 
 
 }  // namespace dev
 
-#define TUTTI_KERNEL_CHECK() TUTTI_CUDA_CHECK(cudaGetLastError())
-
 }  // namespace kernels
 }  // namespace tutti

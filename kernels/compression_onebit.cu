@@ -74,7 +74,7 @@ void launch_onebit_encode(float* x, int64_t n, int64_t chunk, uint32_t* block,
                   " chunks exceed the grid limit");
   encode_kernel<<<static_cast<unsigned>(nchunks), kEncodeThreads, 0, stream>>>(
       x, n, chunk, nchunks, block);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_onebit_decode_sum(const uint32_t* blocks, int world, int64_t n,
@@ -93,7 +93,7 @@ void launch_onebit_decode_sum(const uint32_t* blocks, int world, int64_t n,
     decode_sum_kernel<T><<<dev::grid_for(n), dev::kThreads, 0, stream>>>(
         blocks, world, n, chunk, nchunks, bw, divisor, static_cast<T*>(out));
   });
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

@@ -80,7 +80,7 @@ void launch_powersgd_orthogonalize(float* p, int64_t m, int64_t r,
   if (m == 0 || r == 0) return;
   orthogonalize_kernel<<<1, kOrthoThreads, 0, stream>>>(
       p, m, r, seed, stream_id, compression::kPowerSgdDependent);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_powersgd_decompress(const float* p, const float* q, int64_t m,
@@ -96,7 +96,7 @@ void launch_powersgd_decompress(const float* p, const float* q, int64_t m,
     decompress_kernel<T><<<dev::grid_for(m * n), dev::kThreads, 0, stream>>>(
         p, q, m, n, r, residual, static_cast<T*>(grad));
   });
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

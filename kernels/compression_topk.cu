@@ -169,7 +169,7 @@ void launch_topk_histogram(const float* x, int64_t n, int level,
   if (n == 0) return;
   histogram_kernel<<<dev::grid_for(n, 256) < 1024 ? dev::grid_for(n, 256) : 1024,
                      256, 0, stream>>>(x, n, level, state, hist);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_topk_pick_bin(const uint32_t* hist, int level, int64_t k,
@@ -178,7 +178,7 @@ void launch_topk_pick_bin(const uint32_t* hist, int level, int64_t k,
   TUTTI_ARG_CHECK(k >= 1, "topk_pick_bin: k = ", k, " must be >= 1");
   TUTTI_ARG_CHECK(hist && state, "topk_pick_bin: null pointer");
   pick_bin_kernel<<<1, 32, 0, stream>>>(hist, level, k, state);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_topk_tile_count(const float* x, int64_t n,
@@ -190,7 +190,7 @@ void launch_topk_tile_count(const float* x, int64_t n,
   if (n == 0) return;
   tile_count_kernel<<<static_cast<unsigned>(topk_tiles(n)), kTileThreads, 0,
                       stream>>>(x, n, state, tile_above, tile_ties);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_topk_tile_scan(int64_t* tile_above, int64_t* tile_ties,
@@ -200,7 +200,7 @@ void launch_topk_tile_scan(int64_t* tile_above, int64_t* tile_ties,
                   "topk_tile_scan: null pointer");
   if (ntiles == 0) return;
   tile_scan_kernel<<<1, 1024, 0, stream>>>(tile_above, tile_ties, ntiles);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_topk_compact(float* x, int64_t n, const TopkDeviceState* state,
@@ -214,7 +214,7 @@ void launch_topk_compact(float* x, int64_t n, const TopkDeviceState* state,
   compact_kernel<<<static_cast<unsigned>(topk_tiles(n)), kTileThreads, 0,
                    stream>>>(x, n, state, tile_above, tile_ties, indices,
                              values);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_topk_scatter_add(const uint32_t* indices, const float* values,
@@ -225,7 +225,7 @@ void launch_topk_scatter_add(const uint32_t* indices, const float* values,
   if (k == 0) return;
   scatter_add_kernel<<<dev::grid_for(k), dev::kThreads, 0, stream>>>(
       indices, values, k, out);
-  TUTTI_KERNEL_CHECK();
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

@@ -79,7 +79,7 @@ void launch_unflatten_scale(const void* flat, DType dtype,
     case DType::kInt32: launch_typed<int32_t>(flat, chunks, num_chunks, divisor, stream); break;
     case DType::kInt64: launch_typed<int64_t>(flat, chunks, num_chunks, divisor, stream); break;
   }
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

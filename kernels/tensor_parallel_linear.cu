@@ -69,7 +69,7 @@ void launch_bias_add(void* out, const void* bias, DType dtype, int64_t rows,
         <<<tpdev::grid_for(rows * cols), tpdev::kBlock, 0, stream>>>(
             static_cast<T*>(out), static_cast<const T*>(bias), rows, cols);
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_bias_grad(const void* dy, void* db, DType dtype, int64_t rows,
@@ -85,7 +85,7 @@ void launch_bias_grad(const void* dy, void* db, DType dtype, int64_t rows,
     bias_grad_kernel<T><<<blocks, dim3(kColTile, kRowLanes), 0, stream>>>(
         static_cast<const T*>(dy), static_cast<T*>(db), rows, cols);
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_sum_squares(const void* x, DType dtype, int64_t n, double* out,
@@ -97,7 +97,7 @@ void launch_sum_squares(const void* x, DType dtype, int64_t n, double* out,
     sum_squares_kernel<T><<<tpdev::grid_for(n), tpdev::kBlock, 0, stream>>>(
         static_cast<const T*>(x), n, out);
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

@@ -144,7 +144,7 @@ void launch_embedding_lookup(const void* ids, DType index_dtype,
               vocab_local, static_cast<T*>(out));
     });
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_embedding_grad(const void* ids, DType index_dtype, const void* dy,
@@ -165,7 +165,7 @@ void launch_embedding_grad(const void* ids, DType index_dtype, const void* dy,
               static_cast<T*>(dweight));
     });
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_ce_local_max(const void* logits, DType dtype, int64_t n,
@@ -180,7 +180,7 @@ void launch_ce_local_max(const void* logits, DType dtype, int64_t n,
     ce_max_kernel<T><<<static_cast<unsigned>(n), tpdev::kBlock, 0, stream>>>(
         static_cast<const T*>(logits), v_local, max);
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_ce_local_sums(const void* logits, DType dtype, const void* targets,
@@ -203,7 +203,7 @@ void launch_ce_local_sums(const void* logits, DType dtype, const void* targets,
               ignore_index, max, stats);
     });
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_ce_finalize(const float* stats, const void* targets,
@@ -218,7 +218,7 @@ void launch_ce_finalize(const float* stats, const void* targets,
     ce_finalize_kernel<I><<<1, 1024, 0, stream>>>(
         stats, targets, n, vocab, ignore_index, losses, mean_count);
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 void launch_ce_backward(const void* logits, DType dtype, const void* targets,
@@ -244,7 +244,7 @@ void launch_ce_backward(const void* logits, DType dtype, const void* targets,
               static_cast<T*>(grad));
     });
   });
-  TUTTI_CUDA_CHECK(cudaGetLastError());
+  TUTTI_LAUNCH_CHECK(stream);
 }
 
 }  // namespace kernels

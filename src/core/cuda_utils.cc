@@ -116,6 +116,11 @@ int pointer_device(const void* p) {
              : -1;
 }
 
+void check_launch(cudaStream_t, const char* file, int line) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw_cuda_error(err, "kernel launch", file, line);
+}
+
 #else
 
 int device_count_noexcept() { return 0; }

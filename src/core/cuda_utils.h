@@ -82,6 +82,12 @@ class DeviceBuffer {
 // Device of a pointer (cudaPointerGetAttributes), -1 for host memory.
 int pointer_device(const void* p);
 
+// Called by every kernel launcher right after its launch (through
+// TUTTI_LAUNCH_CHECK): raises the launch error, if any, with the launcher's
+// file:line.  This is also where the device discipline is enforced: the
+// launching thread must have set the device that `stream` belongs to.
+void check_launch(cudaStream_t stream, const char* file, int line);
+
 #endif  // TUTTI_WITH_CUDA
 
 }  // namespace cuda
@@ -94,4 +100,7 @@ int pointer_device(const void* p);
     if (tutti_err_ != cudaSuccess)                                          \
       ::tutti::cuda::throw_cuda_error(tutti_err_, #expr, __FILE__, __LINE__); \
   } while (0)
+// After every <<<...>>> launch, in the launcher: see check_launch().
+#define TUTTI_LAUNCH_CHECK(stream) \
+  ::tutti::cuda::check_launch((stream), __FILE__, __LINE__)
 #endif
