@@ -13,14 +13,19 @@ namespace tutti {
 namespace amp {
 namespace {
 
+// A scale the scaler can use: positive, finite, and with a finite float
+// reciprocal (the unscale multiplies by 1/scale; below about 2^-128 that is
+// Inf).  The smallest such power of two is 2^-127.
+bool usable_scale(float s) { return std::isfinite(s) && s > 0 && std::isfinite(1.0f / s); }
+
 void validate(const LossScalerOptions& o) {
   TUTTI_ARG_CHECK(o.precision == DType::kFloat16 || o.precision == DType::kBFloat16 ||
                       o.precision == DType::kFloat32,
                   "LossScalerOptions::precision is ", dtype_name(o.precision),
                   "; expected float16 (dynamic scaling), bfloat16 or float32");
-  TUTTI_ARG_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0,
-                  "LossScalerOptions::init_scale ", o.init_scale,
-                  " must be finite and positive");
+  TUTTI_ARG_CHECK(usable_scale(o.init_scale), "LossScalerOptions::init_scale ",
+                  o.init_scale, " must be finite and positive, with a finite "
+                  "float reciprocal (>= 2^-127)");
   TUTTI_ARG_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1,
                   "LossScalerOptions::growth_factor ", o.growth_factor,
                   " must be a finite number above 1");
@@ -68,7 +73,7 @@ float DynamicLossScaler::backoff_target() const {
 
 bool DynamicLossScaler::can_shrink() const {
   const float next = backoff_target();
-  return next < scale_ && next > 0;
+  return next < scale_ && usable_scale(next);
 }
 
 void DynamicLossScaler::check_not_unscaled(const std::vector<Tensor>& grads,
@@ -235,9 +240,10 @@ StateDict DynamicLossScaler::state_dict() {
 
 void DynamicLossScaler::on_state_loaded() {
   const std::string& p = options_.state_prefix;
-  if (!(std::isfinite(scale_) && scale_ > 0))
+  if (!usable_scale(scale_))
     TUTTI_THROW(kCorrupt, "loaded ", p, "/scale is ", scale_,
-                "; a loss scale is a positive finite number");
+                "; a loss scale is a positive finite number with a finite "
+                "float reciprocal (>= 2^-127)");
   auto bad = [&](const char* name, int64_t v, const char* expected) {
     TUTTI_THROW(kCorrupt, "loaded ", p, "/", name, " is ", v, "; expected ", expected);
   };

@@ -148,15 +148,37 @@ TEST(LossScaler, PolicyWarnKeepsSkipping) {
   EXPECT_EQ(s.consecutive_skips(), 0);
 }
 
-TEST(LossScaler, NoLowerBoundUnderflowIsCaught) {
-  // min_scale 0 (GradScaler): halving the smallest subnormal gives 0, which
-  // would make inv_scale Inf; that is treated as the minimum.
-  LossScalerOptions o = small(std::ldexp(1.0f, -148), 100);
+TEST(LossScaler, NoLowerBoundStopsWhereTheReciprocalOverflows) {
+  // min_scale 0 (GradScaler): the smallest usable scale is the smallest one
+  // whose reciprocal is a finite float (2^-127; 1/2^-128 = 2^128 overflows).
+  // Backing off below it would unscale by Inf: the min-scale policy applies
+  // there instead (it raised "scale inf" from the unscale before).
+  LossScalerOptions o = small(std::ldexp(1.0f, -126), 100);
   o.min_scale = 0;
   DynamicLossScaler s(o);
-  EXPECT_EQ(run(&s, "x"), (std::vector<float>{std::ldexp(1.0f, -149)}));
-  EXPECT_THROW(run(&s, "x"), Error);
-  EXPECT_GT(s.scale(), 0.0f);
+  EXPECT_EQ(run(&s, "x"), (std::vector<float>{std::ldexp(1.0f, -127)}));
+  EXPECT_TRUE(std::isfinite(s.inv_scale()));
+  try {
+    run(&s, "x");
+    FAIL() << "no min-scale policy below 2^-127";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("minimum"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.scale(), std::ldexp(1.0f, -127));
+  // The unscale at the smallest scale still works (finite inverse).
+  std::vector<float> g = {std::ldexp(1.0f, -127)};
+  EXPECT_FALSE(s.unscale_and_check({Tensor::of(g)}));
+  EXPECT_EQ(g[0], 1.0f);
+  // kWarn keeps skipping at that scale.
+  o.at_min_scale = MinScalePolicy::kWarn;
+  o.init_scale = std::ldexp(1.0f, -127);
+  DynamicLossScaler w(o);
+  EXPECT_EQ(run(&w, "xx"), (std::vector<float>{std::ldexp(1.0f, -127),
+                                              std::ldexp(1.0f, -127)}));
+  // A scale whose reciprocal overflows is refused up front.
+  o.init_scale = std::ldexp(1.0f, -129);
+  EXPECT_THROW(DynamicLossScaler bad(o), Error);
 }
 
 TEST(LossScaler, MaxConsecutiveSkips) {
