@@ -84,6 +84,31 @@ def test_state_dict_and_migration():
     assert bf.get_scale() == 1.0
 
 
+def test_update_with_new_scale_does_not_apply_the_growth_rule(rank, size):
+    # torch's GradScaler.update(new_scale) only sets the scale: the growth
+    # tracker is neither advanced nor reset.  With growth_interval=2 and
+    # clean steps: 1024 -> update(100) -> 100 -> update() -> 100 (tracker 1)
+    # -> update() -> 200 (tracker 2 = interval).
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = hvd.LossScaler(init_scale=1024.0, growth_interval=2)
+
+    def step(new_scale, x=1.0):
+        opt.zero_grad()
+        scaler.scale(model(torch.tensor([[x, 1.0]])).sum()).backward()
+        scaler.step(opt)
+        scaler.update(new_scale)
+        return scaler.get_scale()
+
+    trajectory = [scaler.get_scale()] + [step(s) for s in (100.0, None, None)]
+    assert trajectory == [1024.0, 100.0, 100.0, 200.0]
+    assert scaler.scaler.steps == 3  # every update() ends a step
+    # A tensor works as in torch; an overflow step still counts as skipped,
+    # and the given scale wins over the backoff.
+    assert step(torch.tensor(64.0), x=float("inf")) == 64.0
+    assert scaler.skipped_steps == 1
+
+
 def test_found_inf_agreement_for_torch_grad_scaler(rank, size):
     flags = {torch.device("cpu"): torch.tensor([1.0 if rank == 1 else 0.0])}
     agreed = hvd.agree_found_inf(flags)

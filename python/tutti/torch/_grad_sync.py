@@ -106,6 +106,8 @@ class GradSync:
         self._ready = 0
         scale = _util.current_loss_scale[0]
         if self.compressor is not None and scale is not None:
+            if torch.is_tensor(scale):  # a GradScaler's device-side scale
+                scale = float(scale.item())
             self.reducer.set_gradient_scale(scale)
         torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         self._reducing = (self.no_sync_depth == 0 and

@@ -31,7 +31,8 @@ def error(cls, message):
     return cls(f"rank {rank}: {message}")
 
 
-# The loss scale of the newest LossScaler.scale() call: DistributedOptimizer
+# The loss scale of the newest LossScaler.scale() or GradScaler.scale() call
+# (a float, or GradScaler's device tensor): DistributedOptimizer
 # and DistributedDataParallel hand it to their reducer at the start of each
 # backward pass, so error-feedback compressors keep residuals in the units
 # the gradients carry (tutti.Reducer.set_gradient_scale).

@@ -72,6 +72,15 @@ class GradScaler(torch.cuda.amp.GradScaler):
         super().__init__(*args, **kwargs)
         self._tutti_group = process_set
 
+    def scale(self, outputs):
+        """GradScaler.scale; also hands the scale (a device tensor, read only
+        by reducers with an error-feedback compressor) to gradient sync, so
+        residuals follow backoffs and growth as with LossScaler."""
+        scaled = super().scale(outputs)
+        if self.is_enabled():
+            _util.current_loss_scale[0] = self._scale
+        return scaled
+
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         per_device = super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
         agree_found_inf(per_device, self._tutti_group)
@@ -187,16 +196,26 @@ class LossScaler:
 
     def update(self, new_scale=None):
         """Ends the step: backs off after an agreed overflow, grows after
-        growth_interval clean steps.  ``new_scale`` sets the scale directly."""
+        growth_interval clean steps.  ``new_scale`` sets the scale directly
+        and, as in torch, leaves the growth and hysteresis trackers as they
+        were (the step still counts, and an agreed overflow still counts as
+        skipped)."""
         if not self._enabled:
             return None
-        result = self._scaler.update()
+        if new_scale is None:
+            result = self._scaler.update()
+            self._stage.clear()
+            return result
+        value = float(new_scale.item() if torch.is_tensor(new_scale) else new_scale)
+        before = {k: v.copy() for k, v in self._scaler.state_dict().items()}
+        result = self._scaler.update()  # ends the step: counters, found flag
         self._stage.clear()
-        if new_scale is not None:
-            value = float(new_scale.item() if torch.is_tensor(new_scale) else new_scale)
-            sd = self._scaler.state_dict()
-            sd["loss_scaler/scale"][0] = value
-            self._scaler.load_state_dict(sd)
+        sd = self._scaler.state_dict()
+        for tracker in ("growth_tracker", "hysteresis_tracker"):
+            key = f"loss_scaler/{tracker}"
+            sd[key][0] = before[key][0]
+        sd["loss_scaler/scale"][0] = value
+        self._scaler.load_state_dict(sd)
         return result
 
     @property
