@@ -17,10 +17,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "core/host_buffer.h"
+#include "core/scoped_device.h"
 #include "tutti/compression.h"
 
 #if TUTTI_WITH_CUDA
@@ -29,25 +29,6 @@
 
 namespace tutti {
 namespace compression {
-
-// Sets the CUDA device of `device` for the scope (nothing for the CPU).
-// Every public entry that may launch CUDA work opens one: the calling thread
-// (the reducer's bucket worker, an autograd hook) may be on any device.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(Device device) {
-#if TUTTI_WITH_CUDA
-    if (device.is_cuda()) guard_.emplace(device.index);
-#else
-    (void)device;
-#endif
-  }
-
- private:
-#if TUTTI_WITH_CUDA
-  std::optional<cuda::DeviceGuard> guard_;
-#endif
-};
 
 // ---- memory --------------------------------------------------------------
 
