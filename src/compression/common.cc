@@ -7,7 +7,6 @@
 
 #include "core/check.h"
 #include "compression/hash.h"
-#include "tutti/amp.h"
 #include "core/fast_convert.h"
 
 #if TUTTI_WITH_CUDA
@@ -448,9 +447,13 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
     if (ctx.grad_scale != b.grad_scale) {
       // Residuals were accumulated at the old scale: bring them to the new
       // one (loss scales are powers of two, so this is exact).
+      // In place, on the device, with no scratch and no sync: r / (old/new)
+      // equals r * (new/old) exactly for power-of-two ratios.
       if (res->bytes() > 0) {
-        const Tensor r = res->flat(DType::kFloat32);
-        amp::scale_copy({r}, {r}, ctx.grad_scale / b.grad_scale, ctx.stream);
+        float* r = res->as<float>();
+        store_f32(l.device, r, b.grad_scale / ctx.grad_scale, r,
+                  DType::kFloat32, static_cast<int64_t>(res->bytes() / 4),
+                  ctx.stream);
       }
       b.grad_scale = ctx.grad_scale;
     }
