@@ -14,8 +14,10 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "core/cuda_utils.h"
+#include "core/gemm.h"
 #include "tensor_parallel/memory.h"
 #include "tensor_parallel/ops.h"
 #include "tensor_parallel/tp_test_util.h"
@@ -203,6 +205,42 @@ TEST_F(Gpu, SumOfSquaresIsBitwiseDeterministic) {
   tp::sum_squares(host_views, host.data(), nullptr);
   for (size_t i = 0; i < host.size(); ++i)
     EXPECT_NEAR(first[i], host[i], 1e-9 * host[i]) << "tensor " << i;
+}
+
+// GEMMs on two streams from two fresh threads at once: each stream has its
+// own cuBLAS handle and workspace (a shared workspace would let the two
+// race), and each thread's device is set by the GEMM itself.
+TEST_F(Gpu, GemmsOnTwoStreamsFromTwoThreadsMatchTheCpu) {
+  const int64_t m = 192, n = 160, k = 320;
+  const DType f32 = DType::kFloat32;
+  Pair a(to_bytes(tptest::random_floats(31, m * k), f32), f32, Shape{m, k}, device);
+  Pair b(to_bytes(tptest::random_floats(32, k * n), f32), f32, Shape{k, n}, device);
+  Pair want(to_bytes(std::vector<float>(m * n, 0.0f), f32), f32, Shape{m, n}, device);
+  blas::gemm(a.h, false, b.h, false, want.h);
+  const auto expected = want.host_floats();
+  std::vector<double> expect(expected.begin(), expected.end());
+  cuda::Stream s0(device), s1(device);
+  Pair c0(f32, Shape{m, n}, device), c1(f32, Shape{m, n}, device);
+  std::string errors[2];
+  auto work = [&](const Pair& c, cudaStream_t s, std::string* error) {
+    try {
+      for (int rep = 0; rep < 50; ++rep)
+        blas::gemm(a.d(), false, b.d(), false, c.d(), 1.0f, 0.0f, s);
+      TUTTI_CUDA_CHECK(cudaStreamSynchronize(s));
+    } catch (const std::exception& e) {
+      *error = e.what();
+    }
+  };
+  std::thread t0(work, std::cref(c0), s0.get(), &errors[0]),
+      t1(work, std::cref(c1), s1.get(), &errors[1]);
+  t0.join();
+  t1.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  // float32 sums of k products in [-1, 1], in another order than OpenBLAS.
+  const double tol = k * std::ldexp(1.0, -23);
+  EXPECT_TRUE(tptest::near(c0.device_floats(), expect, tol)) << "stream 0";
+  EXPECT_TRUE(tptest::near(c1.device_floats(), expect, tol)) << "stream 1";
 }
 
 TEST_F(Gpu, CrossEntropyKernelsMatchTheCpuTwins) {
