@@ -110,8 +110,8 @@ void sum_squares(const std::vector<Tensor>& xs, double* out, void* stream) {
   SumSquaresScratch& s = *entry.value;
   const size_t count = xs.size();
   if (s.capacity < count) {
-    // Growth only: the previous call ended with a sync, so nothing in flight
-    // uses the old buffers.
+    // Growth only (a longer parameter list); freeing the old buffers waits
+    // for the device (cudaFree), so no queued launch still uses them.
     s.partials = cuda::DeviceBuffer(
         dev, count * kernels::kSumSquaresMaxPartials * sizeof(double));
     s.blocks = cuda::DeviceBuffer(dev, count * sizeof(int32_t));
