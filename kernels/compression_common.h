@@ -22,6 +22,11 @@ void launch_load_f32(const void* src, DType dtype, float* dst, int64_t n,
 // dst[i] = dtype(src[i] / divisor), rounded once (nearest even).
 void launch_store_f32(const float* src, float divisor, void* dst, DType dtype,
                       int64_t n, cudaStream_t stream);
+// *flag := 1 if some src[i] is Inf or NaN, else 0 (int32 in device memory;
+// the launcher zeroes it first).  src of a floating dtype (float64 too).
+// No host sync: the flag stays on the device for the cross-rank agreement.
+void launch_nonfinite_flag(const void* src, DType dtype, int64_t n,
+                           int32_t* flag, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace tutti

@@ -19,9 +19,10 @@ __device__ double column_norm(const float* p, int64_t m, int64_t r, int64_t j) {
   return sqrt(dev::block_sum<double>(s));
 }
 
-__global__ void orthogonalize_kernel(float* p, int64_t m, int64_t r,
-                                     uint64_t seed, uint64_t stream_id,
-                                     double dependent) {
+// Modified Gram-Schmidt of one m x r matrix by the whole block.
+__device__ void orthogonalize_block(float* p, int64_t m, int64_t r,
+                                    uint64_t seed, uint64_t stream_id,
+                                    double dependent) {
   for (int64_t j = 0; j < r; ++j) {
     for (int attempt = 0; attempt < 2; ++attempt) {
       const double before = column_norm(p, m, r, j);
@@ -53,6 +54,20 @@ __global__ void orthogonalize_kernel(float* p, int64_t m, int64_t r,
   }
 }
 
+__global__ void orthogonalize_kernel(float* p, int64_t m, int64_t r,
+                                     uint64_t seed, uint64_t stream_id,
+                                     double dependent) {
+  orthogonalize_block(p, m, r, seed, stream_id, dependent);
+}
+
+__global__ void orthogonalize_slots_kernel(float* p_all,
+                                           const PowerSgdOrthoSlot* slots,
+                                           uint64_t seed, double dependent) {
+  const PowerSgdOrthoSlot s = slots[blockIdx.x];
+  if (s.m == 0 || s.r == 0) return;  // uniform per block: no barrier skipped
+  orthogonalize_block(p_all + s.p_off, s.m, s.r, seed, s.stream_id, dependent);
+}
+
 template <typename T>
 __global__ void decompress_kernel(const float* p, const float* q, int64_t m,
                                   int64_t n, int64_t r, float* residual,
@@ -80,6 +95,21 @@ void launch_powersgd_orthogonalize(float* p, int64_t m, int64_t r,
   if (m == 0 || r == 0) return;
   orthogonalize_kernel<<<1, kOrthoThreads, 0, stream>>>(
       p, m, r, seed, stream_id, compression::kPowerSgdDependent);
+  TUTTI_LAUNCH_CHECK(stream);
+}
+
+void launch_powersgd_orthogonalize_slots(float* p_all,
+                                         const PowerSgdOrthoSlot* slots,
+                                         int64_t count, uint64_t seed,
+                                         cudaStream_t stream) {
+  TUTTI_ARG_CHECK(count >= 0 && count <= 0x7fffffff,
+                  "powersgd_orthogonalize_slots: ", count, " slots");
+  TUTTI_ARG_CHECK(count == 0 || (p_all && slots),
+                  "powersgd_orthogonalize_slots: null pointer");
+  if (count == 0) return;
+  orthogonalize_slots_kernel<<<static_cast<unsigned>(count), kOrthoThreads, 0,
+                               stream>>>(p_all, slots, seed,
+                                         compression::kPowerSgdDependent);
   TUTTI_LAUNCH_CHECK(stream);
 }
 

@@ -20,6 +20,19 @@ namespace kernels {
 void launch_powersgd_orthogonalize(float* p, int64_t m, int64_t r,
                                    uint64_t seed, uint64_t stream_id,
                                    cudaStream_t stream);
+// One compressed slot's P for the batched launch (device memory).
+struct PowerSgdOrthoSlot {
+  int64_t p_off;       // of its m x r P in p_all
+  int64_t m, r;
+  uint64_t stream_id;  // hash stream for re-seeding
+};
+// The same orthonormalisation for `count` slots in one launch, a block per
+// slot (the slots are independent; each block runs exactly the arithmetic
+// of launch_powersgd_orthogonalize, so results are bit-identical to it).
+void launch_powersgd_orthogonalize_slots(float* p_all,
+                                         const PowerSgdOrthoSlot* slots,
+                                         int64_t count, uint64_t seed,
+                                         cudaStream_t stream);
 // out = P Q^T (sums over r ascending, no fused multiply-add), residual -=
 // out, grad = dtype(out); P m x r, Q n x r, residual and grad m x n.
 void launch_powersgd_decompress(const float* p, const float* q, int64_t m,

@@ -2,6 +2,7 @@
 // references in src/compression/topk.cc).
 #include "kernels/compression_topk.h"
 
+#include "compression/topk_bins.h"
 #include "kernels/compression_device.cuh"
 
 namespace tutti {
@@ -40,25 +41,35 @@ __global__ void histogram_kernel(const float* x, int64_t n, int level,
     if (local[b]) atomicAdd(&hist[b], local[b]);
 }
 
+// One block: thread t holds bins / kPickThreads consecutive bins from the
+// top; an exclusive scan of the chunk totals gives each chunk the count
+// above it, and the one thread whose chunk holds the k-th largest key
+// updates the state (compression/topk_bins.h, shared with the CPU).
+constexpr int kPickThreads = 1024;
+static_assert(kTopkHistBins % kPickThreads == 0 && 1024 % kPickThreads == 0,
+              "pick_bin chunks");
+
 __global__ void pick_bin_kernel(const uint32_t* hist, int level, int64_t k,
                                 TopkDeviceState* state) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  if (level == 0) {
-    state->prefix = 0;
-    state->remaining = k;
-    state->above = 0;
-  }
   const int bins = level_bins(level), shift = level_shift(level);
-  int64_t cum = 0;
-  for (int b = bins - 1; b >= 0; --b) {
-    const int64_t h = hist[b];
-    if (cum + h >= state->remaining) {
-      state->above += cum;
-      state->remaining -= cum;
-      state->prefix |= static_cast<uint32_t>(b) << shift;
-      return;
-    }
-    cum += h;
+  const int per = bins / kPickThreads;
+  // Every thread reads the state before the scan's barriers; only the
+  // winner writes it, after them.
+  const int64_t remaining = level == 0 ? k : state->remaining;
+  const int top = bins - 1 - static_cast<int>(threadIdx.x) * per;
+  int64_t mine = 0;
+  for (int q = 0; q < per; ++q) mine += hist[top - q];
+  int64_t total;
+  const int64_t before = dev::block_exclusive_scan(mine, &total);
+  int64_t before_bin = 0;
+  const int b = compression::topk_find_bin(hist, top, per, before, remaining,
+                                           &before_bin);
+  if (b >= 0) {
+    const uint32_t prefix = level == 0 ? 0u : state->prefix;
+    const int64_t above = level == 0 ? 0 : state->above;
+    state->above = above + before_bin;
+    state->remaining = remaining - before_bin;
+    state->prefix = prefix | (static_cast<uint32_t>(b) << shift);
   }
 }
 
@@ -177,7 +188,7 @@ void launch_topk_pick_bin(const uint32_t* hist, int level, int64_t k,
   check_level(level);
   TUTTI_ARG_CHECK(k >= 1, "topk_pick_bin: k = ", k, " must be >= 1");
   TUTTI_ARG_CHECK(hist && state, "topk_pick_bin: null pointer");
-  pick_bin_kernel<<<1, 32, 0, stream>>>(hist, level, k, state);
+  pick_bin_kernel<<<1, kPickThreads, 0, stream>>>(hist, level, k, state);
   TUTTI_LAUNCH_CHECK(stream);
 }
 

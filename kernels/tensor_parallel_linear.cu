@@ -3,6 +3,8 @@
 #include "kernels/tensor_parallel_device.h"
 #include "kernels/tensor_parallel_linear.h"
 
+#include <algorithm>
+
 namespace tutti {
 namespace kernels {
 namespace {
@@ -44,7 +46,8 @@ __global__ void bias_grad_kernel(const T* dy, T* db, int64_t rows,
 }
 
 template <typename T>
-__global__ void sum_squares_kernel(const T* x, int64_t n, double* out) {
+__global__ void sum_squares_partials_kernel(const T* x, int64_t n,
+                                            double* partials, int32_t* blocks) {
   double acc = 0.0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -52,7 +55,22 @@ __global__ void sum_squares_kernel(const T* x, int64_t n, double* out) {
     acc += v * v;
   }
   acc = tpdev::block_sum(acc);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = acc;
+    if (blockIdx.x == 0) *blocks = static_cast<int32_t>(gridDim.x);
+  }
+}
+
+// One block per tensor; thread j reads partial j (blockDim.x ==
+// kSumSquaresMaxPartials), block_sum adds them in a fixed order.
+__global__ void sum_squares_finish_kernel(const double* partials,
+                                          const int32_t* blocks, double* out) {
+  const int64_t t = blockIdx.x;
+  const double v = static_cast<int>(threadIdx.x) < blocks[t]
+                       ? partials[t * kSumSquaresMaxPartials + threadIdx.x]
+                       : 0.0;
+  const double s = tpdev::block_sum(v);
+  if (threadIdx.x == 0) out[t] = s;
 }
 
 }  // namespace
@@ -88,15 +106,33 @@ void launch_bias_grad(const void* dy, void* db, DType dtype, int64_t rows,
   TUTTI_LAUNCH_CHECK(stream);
 }
 
-void launch_sum_squares(const void* x, DType dtype, int64_t n, double* out,
-                        cudaStream_t stream) {
-  tpdev::check_launch_args("sum_squares", n, x && out);
-  if (n == 0) return;
-  tpdev::dispatch_float(dtype, "sum_squares", [&](auto tag) {
+void launch_sum_squares_partials(const void* x, DType dtype, int64_t n,
+                                 double* partials, int32_t* blocks,
+                                 cudaStream_t stream) {
+  tpdev::check_launch_args("sum_squares_partials", n, x != nullptr);
+  TUTTI_ARG_CHECK(partials && blocks, "sum_squares_partials: null output");
+  const unsigned grid = n == 0 ? 1u : std::min<unsigned>(
+      tpdev::grid_for(n), static_cast<unsigned>(kSumSquaresMaxPartials));
+  // n == 0 still launches one block, so partials[0] = 0 and *blocks = 1.
+  tpdev::dispatch_float(dtype, "sum_squares_partials", [&](auto tag) {
     using T = decltype(tag);
-    sum_squares_kernel<T><<<tpdev::grid_for(n), tpdev::kBlock, 0, stream>>>(
-        static_cast<const T*>(x), n, out);
+    sum_squares_partials_kernel<T><<<grid, tpdev::kBlock, 0, stream>>>(
+        static_cast<const T*>(x), n, partials, blocks);
   });
+  TUTTI_LAUNCH_CHECK(stream);
+}
+
+void launch_sum_squares_finish(const double* partials, const int32_t* blocks,
+                               int64_t count, double* out,
+                               cudaStream_t stream) {
+  tpdev::check_launch_args("sum_squares_finish", count,
+                           partials && blocks && out);
+  TUTTI_ARG_CHECK(count <= 0x7fffffff, "sum_squares_finish: ", count,
+                  " tensors exceed the grid limit");
+  if (count == 0) return;
+  sum_squares_finish_kernel<<<static_cast<unsigned>(count),
+                              kSumSquaresMaxPartials, 0, stream>>>(
+      partials, blocks, out);
   TUTTI_LAUNCH_CHECK(stream);
 }
 

@@ -27,14 +27,26 @@ __global__ void embedding_lookup_kernel(const void* ids, const T* w, int64_t n,
   }
 }
 
+// Float32 scatter-add (the order of the atomics varies, each add rounds
+// in float32).
 template <typename T, typename I>
 __global__ void embedding_grad_kernel(const void* ids, const T* dy, int64_t n,
                                       int64_t dim, int64_t start,
-                                      int64_t local_rows, T* dw) {
+                                      int64_t local_rows, float* acc) {
   TP_GRID_STRIDE(k, n * dim) {
     const int64_t local = index_at<I>(ids, k / dim) - start;
     if (local >= 0 && local < local_rows)
-      atomicAdd(&dw[local * dim + k % dim], dy[k]);
+      atomicAdd(&acc[local * dim + k % dim], to_float(dy[k]));
+  }
+}
+
+// dw += acc with one rounding per element.
+template <typename T>
+__global__ void embedding_grad_flush_kernel(const float* acc, int64_t count,
+                                            T* dw) {
+  TP_GRID_STRIDE(k, count) {
+    const float a = acc[k];
+    if (a != 0.0f) dw[k] = from_float<T>(to_float(dw[k]) + a);
   }
 }
 
@@ -150,11 +162,19 @@ void launch_embedding_lookup(const void* ids, DType index_dtype,
 void launch_embedding_grad(const void* ids, DType index_dtype, const void* dy,
                            DType dtype, int64_t n, int64_t dim,
                            int64_t vocab_start, int64_t vocab_local,
-                           void* dweight, cudaStream_t stream) {
+                           void* dweight, float* acc, cudaStream_t stream) {
   TUTTI_ARG_CHECK(dim >= 0 && vocab_local >= 0, "embedding_grad: dim ", dim,
                   ", rows ", vocab_local);
   tpdev::check_launch_args("embedding_grad", n * dim, ids && dy && dweight);
-  if (n * dim == 0) return;
+  const bool direct = dtype == DType::kFloat32;
+  TUTTI_ARG_CHECK(direct || n * dim == 0 || vocab_local * dim == 0 || acc,
+                  "embedding_grad: ", dtype_name(dtype),
+                  " needs a float32 accumulator of ", vocab_local, " x ", dim);
+  if (n * dim == 0 || vocab_local * dim == 0) return;
+  const int64_t table = vocab_local * dim;
+  float* sum = direct ? static_cast<float*>(dweight) : acc;
+  if (!direct)
+    TUTTI_CUDA_CHECK(cudaMemsetAsync(acc, 0, table * sizeof(float), stream));
   tpdev::dispatch_float(dtype, "embedding_grad", [&](auto t) {
     tpdev::dispatch_index(index_dtype, "embedding_grad", [&](auto i) {
       using T = decltype(t);
@@ -162,8 +182,16 @@ void launch_embedding_grad(const void* ids, DType index_dtype, const void* dy,
       embedding_grad_kernel<T, I>
           <<<tpdev::grid_for(n * dim), tpdev::kBlock, 0, stream>>>(
               ids, static_cast<const T*>(dy), n, dim, vocab_start, vocab_local,
-              static_cast<T*>(dweight));
+              sum);
     });
+  });
+  TUTTI_LAUNCH_CHECK(stream);
+  if (direct) return;
+  tpdev::dispatch_float(dtype, "embedding_grad", [&](auto t) {
+    using T = decltype(t);
+    embedding_grad_flush_kernel<T>
+        <<<tpdev::grid_for(table), tpdev::kBlock, 0, stream>>>(
+            acc, table, static_cast<T*>(dweight));
   });
   TUTTI_LAUNCH_CHECK(stream);
 }

@@ -19,11 +19,17 @@ void launch_embedding_lookup(const void* ids, DType index_dtype,
                              int64_t dim, int64_t vocab_start,
                              int64_t vocab_local, void* out,
                              cudaStream_t stream);
-// Scatter-add with atomics (float16 needs sm_70, bfloat16 sm_80).
+// dweight[ids[i] - vocab_start, :] += dy[i, :] for the ids held here, summed
+// in float32: float32 atomics straight into a float32 dweight; for
+// float16/bfloat16 a float32 scatter-add into `acc` (vocab_local x dim
+// floats, zeroed here) and one rounding per element when it is added to
+// dweight.  A frequent token's gradient in half-precision atomics would
+// stall once the sum outgrows the addend (2048 + 1 == 2048 in float16).
+// acc may be null for float32.
 void launch_embedding_grad(const void* ids, DType index_dtype, const void* dy,
                            DType dtype, int64_t n, int64_t dim,
                            int64_t vocab_start, int64_t vocab_local,
-                           void* dweight, cudaStream_t stream);
+                           void* dweight, float* acc, cudaStream_t stream);
 void launch_ce_local_max(const void* logits, DType dtype, int64_t n,
                          int64_t v_local, float* max, cudaStream_t stream);
 void launch_ce_local_sums(const void* logits, DType dtype, const void* targets,

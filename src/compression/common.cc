@@ -7,7 +7,6 @@
 
 #include "core/check.h"
 #include "compression/hash.h"
-#include "tutti/amp.h"
 #include "core/fast_convert.h"
 
 #if TUTTI_WITH_CUDA
@@ -215,6 +214,34 @@ void load_f32(const void* src, DType dtype, float* dst, int64_t n) {
   }
 }
 
+bool any_nonfinite(const void* src, DType dtype, int64_t n) {
+  const size_t un = n > 0 ? static_cast<size_t>(n) : 0;
+  bool bad = false;
+  switch (dtype) {
+    case DType::kFloat32: {
+      const float* s = static_cast<const float*>(src);
+      for (size_t i = 0; i < un; ++i) bad |= !std::isfinite(s[i]);
+      return bad;
+    }
+    case DType::kFloat64: {
+      const double* s = static_cast<const double*>(src);
+      for (size_t i = 0; i < un; ++i) bad |= !std::isfinite(s[i]);
+      return bad;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      // All-ones exponent: Inf or NaN.
+      const uint16_t e = dtype == DType::kFloat16 ? 0x7c00u : 0x7f80u;
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < un; ++i) bad |= (s[i] & e) == e;
+      return bad;
+    }
+    default:
+      TUTTI_THROW(kInvalidArgument, "compression needs a floating-point "
+                  "gradient, got ", dtype_name(dtype));
+  }
+}
+
 void accumulate_f32(const void* src, DType dtype, float* acc, int64_t n) {
   if (dtype == DType::kFloat32) {
     const float* s = static_cast<const float*>(src);
@@ -299,6 +326,19 @@ void store_f32(Device device, const float* src, float divisor, void* dst,
 #endif
 }
 
+void nonfinite_flag(Device device, const void* src, DType dtype, int64_t n,
+                    int32_t* flag, void* stream) {
+  if (device.is_cpu()) {
+    *flag = cpu::any_nonfinite(src, dtype, n) ? 1 : 0;
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  kernels::launch_nonfinite_flag(src, dtype, n, flag, as_stream(stream));
+#else
+  no_cuda("nonfinite_flag");
+#endif
+}
+
 float hash_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   return hash_uniform_hd(seed, stream, index);
 }
@@ -348,9 +388,11 @@ void BucketCompressor::setup(const BucketLayout& layout) {
                     layout.numel, " elements (slots must be ordered and disjoint)");
     end = s.offset + s.shape.numel();
   }
+  ScopedDevice on_device(layout.device);
   on_setup(layout);
   Bucket b;
   b.layout = layout;
+  if (residual(layout.id) != nullptr) b.flag = DeviceArray(layout.device, 4);
   buckets_.emplace(layout.id, std::move(b));
 }
 
@@ -386,6 +428,9 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
     b.steps += 1;
     return;
   }
+  // Every launch below (and in run()) goes to the bucket's device, whatever
+  // thread calls: the reducer's bucket worker starts on device 0.
+  ScopedDevice on_device(l.device);
   if (const DeviceArray* res = residual(id)) {
     TUTTI_ARG_CHECK(std::isfinite(ctx.grad_scale) && ctx.grad_scale > 0.0f,
                     name_, " compressor: bucket ", id, ": gradient scale ",
@@ -402,9 +447,13 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
     if (ctx.grad_scale != b.grad_scale) {
       // Residuals were accumulated at the old scale: bring them to the new
       // one (loss scales are powers of two, so this is exact).
+      // In place, on the device, with no scratch and no sync: r / (old/new)
+      // equals r * (new/old) exactly for power-of-two ratios.
       if (res->bytes() > 0) {
-        const Tensor r = res->flat(DType::kFloat32);
-        amp::scale_copy({r}, {r}, ctx.grad_scale / b.grad_scale, ctx.stream);
+        float* r = res->as<float>();
+        store_f32(l.device, r, b.grad_scale / ctx.grad_scale, r,
+                  DType::kFloat32, static_cast<int64_t>(res->bytes() / 4),
+                  ctx.stream);
       }
       b.grad_scale = ctx.grad_scale;
     }
@@ -414,35 +463,23 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
   b.steps += 1;
 }
 
-namespace {
-bool has_nonfinite(const Tensor& t, void* stream) {
-  if (t.dtype() != DType::kFloat64)
-    return amp::check_finite({t}, stream).found;  // one fused read, CPU or CUDA
-  // float64 (rare for gradients; the AMP kernels do not take it).
-  std::vector<double> host;
-  const double* d = static_cast<const double*>(t.data());
-  if (t.device().is_cuda()) {
-    host.resize(static_cast<size_t>(t.numel()));
-    copy_to_host(t.device(), host.data(), t.data(), t.nbytes(), stream);
-    d = host.data();
-  }
-  bool bad = false;
-  for (int64_t i = 0; i < t.numel(); ++i) bad |= !std::isfinite(d[i]);
-  return bad;
-}
-}  // namespace
-
+// Host syncs of an error-feedback step: exactly one, here.  The flag is
+// computed on the device into the bucket's persistent int32, all-reduced
+// (MAX) on the device in stream order, and read back once: the host must
+// know the agreed answer before it decides between run() and the NaN fill,
+// because run() changes residuals and factors that an overflow step must
+// leave untouched, and the collectives it issues must match on every rank.
 bool BucketCompressor::any_rank_nonfinite(Bucket& b, const Tensor& t,
                                           const CompressContext& ctx) {
-  int32_t local = has_nonfinite(t, ctx.stream) ? 1 : 0;
-  if (ctx.comm->size() > 1) {
-    if (b.flag.bytes() == 0) b.flag = DeviceArray(t.device(), 4);
-    copy_from_host(t.device(), b.flag.data(), &local, 4, ctx.stream);
+  int32_t* flag = b.flag.as<int32_t>();
+  nonfinite_flag(t.device(), t.data(), t.dtype(), t.numel(), flag, ctx.stream);
+  if (ctx.comm->size() > 1)
     ctx.comm->allreduce(b.flag.flat(DType::kInt32), ReduceOp::kMax,
                         op_options(b.layout.id, "nonfinite", ctx));
-    copy_to_host(t.device(), &local, b.flag.data(), 4, ctx.stream);
-  }
-  return local != 0;
+  if (t.device().is_cpu()) return *flag != 0;
+  int32_t agreed = 0;
+  copy_to_host(t.device(), &agreed, flag, sizeof(agreed), ctx.stream);
+  return agreed != 0;
 }
 
 void BucketCompressor::allreduce(int id, const Tensor& t,

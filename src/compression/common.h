@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/host_buffer.h"
+#include "core/scoped_device.h"
 #include "tutti/compression.h"
 
 #if TUTTI_WITH_CUDA
@@ -110,7 +111,13 @@ void load_f32(Device device, const void* src, DType dtype, float* dst,
 void store_f32(Device device, const float* src, float divisor, void* dst,
                DType dtype, int64_t n, void* stream);
 
+// *flag (int32 on `device`) := 1 if src holds an Inf or NaN, else 0; CUDA:
+// asynchronous on `stream`, the flag stays on the device.
+void nonfinite_flag(Device device, const void* src, DType dtype, int64_t n,
+                    int32_t* flag, void* stream);
+
 namespace cpu {
+bool any_nonfinite(const void* src, DType dtype, int64_t n);
 void accumulate_f32(const void* src, DType dtype, float* acc, int64_t n);
 void load_f32(const void* src, DType dtype, float* dst, int64_t n);
 void store_f32(const float* src, float divisor, void* dst, DType dtype,
@@ -218,11 +225,14 @@ class BucketCompressor : public Compressor {
     BucketLayout layout;
     int64_t steps = 0;  // exposed as state "<prefix>/bucket<id>/step"
     // Error feedback only: the gradient scale the residuals are in (state
-    // "<prefix>/bucket<id>/grad_scale"), and the agreement flag's buffer.
+    // "<prefix>/bucket<id>/grad_scale"), and the agreement flag's int32 on
+    // the bucket's device (allocated in setup(), so a step allocates
+    // nothing).
     float grad_scale = 1.0f;
     DeviceArray flag;
   };
-  // Error feedback: true when some rank's bucket holds Inf/NaN.
+  // Error feedback: true when some rank's bucket holds Inf/NaN.  The one
+  // host sync of an error-feedback step on CUDA (see the definition).
   bool any_rank_nonfinite(Bucket& b, const Tensor& t, const CompressContext& ctx);
   const Bucket& bucket(int id) const;
 

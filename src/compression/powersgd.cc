@@ -160,6 +160,15 @@ void PowerSgdCompressor::on_setup(const BucketLayout& l) {
     cuda::DeviceGuard g(l.device.index);
     TUTTI_CUDA_CHECK(cudaMemcpy(s.q.data(), q0.data(), q0.size() * 4,
                                 cudaMemcpyHostToDevice));
+    // The orthonormalisation of every slot runs as one launch (a block per
+    // slot) from this table.
+    std::vector<kernels::PowerSgdOrthoSlot> table;
+    for (const Slot& sl : s.slots)
+      table.push_back({sl.p_off, sl.m, sl.r, sl.stream});
+    s.ortho = DeviceArray(l.device, table.size() * sizeof(table[0]));
+    if (!table.empty())
+      TUTTI_CUDA_CHECK(cudaMemcpy(s.ortho.data(), table.data(),
+                                  s.ortho.bytes(), cudaMemcpyHostToDevice));
 #endif
   }
   states_.emplace(l.id, std::move(s));
@@ -201,15 +210,6 @@ int PowerSgdCompressor::compressed_slots(int id) const {
 }
 
 namespace {
-
-void orthogonalize(Device dev, float* p, int64_t m, int64_t r, uint64_t seed,
-                   uint64_t stream_id, void* stream) {
-  if (dev.is_cpu()) return powersgd_orthogonalize_cpu(p, m, r, seed, stream_id);
-#if TUTTI_WITH_CUDA
-  kernels::launch_powersgd_orthogonalize(p, m, r, seed, stream_id,
-                                         static_cast<cudaStream_t>(stream));
-#endif
-}
 
 void decompress(Device dev, const float* p, const float* q, int64_t m,
                 int64_t n, int64_t r, float* res, void* grad, DType dtype,
@@ -262,8 +262,21 @@ void PowerSgdCompressor::compressed_step(int id, State& s, const Tensor& bucket,
     if (clock) clock->decode();
     return;
   }
+  // Orthonormalise every slot's P (CUDA: one launch, a block per slot),
+  // then Q = M^T P per slot.
+  if (dev.is_cpu()) {
+    for (const Slot& sl : s.slots)
+      powersgd_orthogonalize_cpu(p_all + sl.p_off, sl.m, sl.r, opt_.seed,
+                                 sl.stream);
+  } else {
+#if TUTTI_WITH_CUDA
+    kernels::launch_powersgd_orthogonalize_slots(
+        p_all, s.ortho.as<kernels::PowerSgdOrthoSlot>(),
+        static_cast<int64_t>(s.slots.size()), opt_.seed,
+        static_cast<cudaStream_t>(stream));
+#endif
+  }
   for (const Slot& sl : s.slots) {
-    orthogonalize(dev, p_all + sl.p_off, sl.m, sl.r, opt_.seed, sl.stream, stream);
     blas::gemm(matrix(residual + sl.res_off, sl.m, sl.n, dev), true,
                matrix(p_all + sl.p_off, sl.m, sl.r, dev), false,
                matrix(q + sl.q_off, sl.n, sl.r, dev), 1.0f, 0.0f, stream);
@@ -297,6 +310,7 @@ double PowerSgdCompressor::measure_compute(int id, const Tensor& bucket,
                                            void* stream) {
   State& s = states_.at(id);
   const Device dev = bucket.device();
+  ScopedDevice on_device(dev);
   std::vector<DeviceArray>& p = s.probe;
   p.clear();
   p.emplace_back(dev, bucket.nbytes());                       // grad

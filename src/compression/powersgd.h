@@ -108,6 +108,8 @@ class PowerSgdCompressor final : public BucketCompressor {
     DeviceArray q;         // float32[q_total]
     DeviceArray pbuf;      // float32[plain_total + p_total]
     DeviceArray qt;        // CPU: float32[max_nr] decompression scratch
+    DeviceArray ortho;     // CUDA: the slots' kernels::PowerSgdOrthoSlot
+                           // table, uploaded once in on_setup()
     std::vector<DeviceArray> probe;  // measure_compute()'s copies
   };
   // One compressed step's arithmetic on explicit buffers (run() and

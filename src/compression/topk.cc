@@ -12,6 +12,7 @@
 #include <functional>
 #include <cmath>
 
+#include "compression/topk_bins.h"
 #include "core/check.h"
 
 #if TUTTI_WITH_CUDA
@@ -36,14 +37,13 @@ namespace {
 template <size_t N>
 uint32_t pick_bin(const std::array<int64_t, N>& hist, int64_t* remaining,
                   int64_t* above) {
-  int64_t cum = 0;
-  for (size_t b = N; b-- > 0;) {
-    if (cum + hist[b] >= *remaining) {
-      *above += cum;
-      *remaining -= cum;
-      return static_cast<uint32_t>(b);
-    }
-    cum += hist[b];
+  int64_t before = 0;
+  const int b = topk_find_bin(hist.data(), static_cast<int>(N) - 1,
+                              static_cast<int>(N), 0, *remaining, &before);
+  if (b >= 0) {
+    *above += before;
+    *remaining -= before;
+    return static_cast<uint32_t>(b);
   }
   TUTTI_THROW(kInternal, "topk: histogram holds fewer than ", *remaining,
               " elements");

@@ -6,8 +6,10 @@
 #if TUTTI_WITH_CUDA
 #include <cublas_v2.h>
 
+#include <memory>
 #include <mutex>
-#include <unordered_map>
+
+#include "core/stream_cache.h"
 #endif
 
 namespace tutti {
@@ -22,19 +24,37 @@ void check_cublas(cublasStatus_t s, const char* what) {
                 cublasGetStatusString(s), ")");
 }
 
-// One cuBLAS handle per device, created on first use and kept for the
-// process (handles are expensive; cublasSetStream makes them reusable).
-cublasHandle_t handle_for(int device) {
-  static std::mutex mu;
-  static std::unordered_map<int, cublasHandle_t> handles;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
-  cuda::DeviceGuard g(device);
-  cublasHandle_t h;
-  check_cublas(cublasCreate(&h), "cublasCreate");
-  handles.emplace(device, h);
-  return h;
+// cuBLAS keeps scratch in a workspace bound to its handle; two GEMMs on
+// different streams that share a handle (tensor-parallel layers on the
+// compute stream, PowerSGD on the reducer's stream) would share that scratch
+// while running concurrently.  So every (device, stream) gets its own handle
+// and its own workspace (cublasSetWorkspace), created on first use and kept
+// for the process; the entry's mutex serialises threads that share a stream.
+// 32 MiB is what cuBLAS recommends for Hopper (4 MiB is enough before it).
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+struct StreamBlas {
+  cublasHandle_t handle = nullptr;
+  cuda::DeviceBuffer workspace;
+  ~StreamBlas() {
+    if (handle) cublasDestroy(handle);
+  }
+};
+
+StreamCache<StreamBlas>::Entry& blas_for(int device, cudaStream_t stream) {
+  static StreamCache<StreamBlas>* cache = new StreamCache<StreamBlas>();
+  // Never destroyed: handles outliving the CUDA runtime at exit would fail
+  // in cublasDestroy.
+  return cache->get(device, stream, [&] {
+    auto b = std::make_unique<StreamBlas>();
+    b->workspace = cuda::DeviceBuffer(device, kWorkspaceBytes);
+    check_cublas(cublasCreate(&b->handle), "cublasCreate");
+    check_cublas(cublasSetStream(b->handle, stream), "cublasSetStream");
+    check_cublas(cublasSetWorkspace(b->handle, b->workspace.data(),
+                                    b->workspace.bytes()),
+                 "cublasSetWorkspace");
+    return b;
+  });
 }
 
 cudaDataType_t cuda_type(DType d) {
@@ -54,12 +74,10 @@ void cuda_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb,
                const Tensor& c, int64_t m, int64_t n, int64_t k, float alpha,
                float beta, void* stream) {
   const int device = c.device().index;
-  cuda::DeviceGuard g(device);
-  cublasHandle_t h = handle_for(device);
-  static std::mutex call_mu;  // handle + stream binding is not thread-safe
-  std::lock_guard<std::mutex> lock(call_mu);
-  check_cublas(cublasSetStream(h, static_cast<cudaStream_t>(stream)),
-               "cublasSetStream");
+  cuda::DeviceGuard g(device);  // cublasCreate binds the current device
+  auto& entry = blas_for(device, static_cast<cudaStream_t>(stream));
+  std::lock_guard<std::mutex> lock(entry.mu);
+  cublasHandle_t h = entry.value->handle;
   const cudaDataType_t t = cuda_type(c.dtype());
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: pass B
   // first with the same transpose flags and swapped m/n.

@@ -12,7 +12,10 @@ namespace blas {
 // CPU: float32 and float64 natively; float16/bfloat16 are computed in
 // float32 and rounded once.  CUDA: float32, float16, bfloat16 with float32
 // accumulation (cublasGemmEx), on `stream` (a cudaStream_t; nullptr: the
-// default stream).  All tensors must share dtype and device.
+// default stream), through a cuBLAS handle and workspace of that (device,
+// stream) alone, so GEMMs on different streams never share scratch; any
+// thread may call (the device of C is set for the call).  All tensors must
+// share dtype and device.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
           const Tensor& c, float alpha = 1.0f, float beta = 0.0f,
           void* stream = nullptr);

@@ -111,18 +111,29 @@ void embedding_lookup(const void* ids, DType index_dtype, const void* weight,
 
 void embedding_grad(const void* ids, DType index_dtype, const void* dy,
                     DType dtype, int64_t n, int64_t dim, int64_t vocab_start,
-                    int64_t vocab_local, void* dweight) {
+                    int64_t vocab_local, void* dweight, float* acc) {
   check_index_dtype(index_dtype, "embedding_grad");
+  const bool direct = dtype == DType::kFloat32;
+  const int64_t table = vocab_local * dim;
+  TUTTI_ARG_CHECK(direct || n * dim == 0 || table == 0 || acc,
+                  "embedding_grad: ", dtype_name(dtype),
+                  " needs a float32 accumulator of ", vocab_local, " x ", dim);
+  if (n * dim == 0 || table == 0) return;
+  float* sum = direct ? static_cast<float*>(dweight) : acc;
+  if (!direct) std::fill(acc, acc + table, 0.0f);
   dispatch_float(dtype, "embedding_grad", [&](auto tag) {
     using T = decltype(tag);
     const T* g = static_cast<const T*>(dy);
-    T* d = static_cast<T*>(dweight);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t local = index_at(ids, index_dtype, i) - vocab_start;
       if (local < 0 || local >= vocab_local) continue;
       for (int64_t h = 0; h < dim; ++h)
-        d[local * dim + h] = st<T>(ld(d[local * dim + h]) + ld(g[i * dim + h]));
+        sum[local * dim + h] += ld(g[i * dim + h]);
     }
+    if (direct) return;
+    T* d = static_cast<T*>(dweight);
+    for (int64_t k = 0; k < table; ++k)
+      if (acc[k] != 0.0f) d[k] = st<T>(ld(d[k]) + acc[k]);
   });
 }
 

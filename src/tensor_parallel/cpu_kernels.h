@@ -28,10 +28,14 @@ double sum_squares(const void* x, DType dtype, int64_t n);
 void embedding_lookup(const void* ids, DType index_dtype, const void* weight,
                       DType dtype, int64_t n, int64_t dim, int64_t vocab_start,
                       int64_t vocab_local, void* out);
-// dweight[ids[i] - vocab_start, :] += dy[i, :] for the ids held here.
+// dweight[ids[i] - vocab_start, :] += dy[i, :] for the ids held here, summed
+// in float32: float32 dweight directly; float16/bfloat16 through `acc`
+// (vocab_local x dim floats, overwritten) and then one rounding per element
+// added to dweight (elements whose sum is exactly 0 are left as they were).
+// acc may be null for float32.
 void embedding_grad(const void* ids, DType index_dtype, const void* dy,
                     DType dtype, int64_t n, int64_t dim, int64_t vocab_start,
-                    int64_t vocab_local, void* dweight);
+                    int64_t vocab_local, void* dweight, float* acc);
 
 // Vocabulary-parallel cross-entropy, logits [n, v_local] holding global
 // vocabulary entries [v_start, v_start + v_local).

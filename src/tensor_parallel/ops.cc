@@ -5,6 +5,10 @@
 #include "tensor_parallel/cpu_kernels.h"
 
 #if TUTTI_WITH_CUDA
+#include <memory>
+#include <mutex>
+
+#include "core/stream_cache.h"
 #include "kernels/tensor_parallel_linear.h"
 #include "kernels/tensor_parallel_vocab.h"
 #endif
@@ -72,21 +76,62 @@ void bias_grad(const Tensor& dy2d, const Tensor& db, void* stream) {
     cpu::bias_grad(dy2d.data(), db.data(), db.dtype(), rows, cols);
 }
 
-double sum_squares(const Tensor& x, void* stream) {
-  if (!on_cuda("sum_squares", {&x}))
-    return cpu::sum_squares(x.data(), x.dtype(), x.numel());
-  double result = 0;
 #if TUTTI_WITH_CUDA
-  cuda::DeviceGuard g(x.device().index);
-  cuda::DeviceBuffer acc(x.device().index, sizeof(double));
-  TUTTI_CUDA_CHECK(cudaMemsetAsync(acc.data(), 0, sizeof(double), cs(stream)));
-  kernels::launch_sum_squares(x.data(), x.dtype(), x.numel(),
-                              static_cast<double*>(acc.data()), cs(stream));
-  TUTTI_CUDA_CHECK(cudaMemcpyAsync(&result, acc.data(), sizeof(double),
-                                   cudaMemcpyDeviceToHost, cs(stream)));
-  TUTTI_CUDA_CHECK(cudaStreamSynchronize(cs(stream)));
+namespace {
+// Scratch of sum_squares() on one (device, stream), grow-only.
+struct SumSquaresScratch {
+  cuda::DeviceBuffer partials;  // double[count * kSumSquaresMaxPartials]
+  cuda::DeviceBuffer blocks;    // int32[count]
+  cuda::DeviceBuffer results;   // double[count]
+  size_t capacity = 0;          // tensors the buffers hold
+};
+}  // namespace
 #endif
-  return result;
+
+void sum_squares(const std::vector<Tensor>& xs, double* out, void* stream) {
+  if (xs.empty()) return;
+  const Device d = xs.front().device();
+  for (const Tensor& x : xs)
+    TUTTI_CHECK(x.device() == d, "sum_squares: ", x.str(), " is not on ",
+                d.str(), " like the first tensor");
+  if (!on_cuda("sum_squares", {&xs.front()})) {
+    for (size_t t = 0; t < xs.size(); ++t)
+      out[t] = cpu::sum_squares(xs[t].data(), xs[t].dtype(), xs[t].numel());
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  static StreamCache<SumSquaresScratch>* cache =
+      new StreamCache<SumSquaresScratch>();  // kept for the process
+  const int dev = d.index;
+  cuda::DeviceGuard g(dev);
+  auto& entry = cache->get(dev, stream,
+                           [] { return std::make_unique<SumSquaresScratch>(); });
+  std::lock_guard<std::mutex> lock(entry.mu);
+  SumSquaresScratch& s = *entry.value;
+  const size_t count = xs.size();
+  if (s.capacity < count) {
+    // Growth only (a longer parameter list); freeing the old buffers waits
+    // for the device (cudaFree), so no queued launch still uses them.
+    s.partials = cuda::DeviceBuffer(
+        dev, count * kernels::kSumSquaresMaxPartials * sizeof(double));
+    s.blocks = cuda::DeviceBuffer(dev, count * sizeof(int32_t));
+    s.results = cuda::DeviceBuffer(dev, count * sizeof(double));
+    s.capacity = count;
+  }
+  auto* partials = static_cast<double*>(s.partials.data());
+  auto* blocks = static_cast<int32_t*>(s.blocks.data());
+  auto* results = static_cast<double*>(s.results.data());
+  for (size_t t = 0; t < count; ++t)
+    kernels::launch_sum_squares_partials(
+        xs[t].data(), xs[t].dtype(), xs[t].numel(),
+        partials + t * kernels::kSumSquaresMaxPartials, blocks + t, cs(stream));
+  kernels::launch_sum_squares_finish(partials, blocks,
+                                     static_cast<int64_t>(count), results,
+                                     cs(stream));
+  TUTTI_CUDA_CHECK(cudaMemcpyAsync(out, results, count * sizeof(double),
+                                   cudaMemcpyDeviceToHost, cs(stream)));
+  TUTTI_CUDA_CHECK(cudaStreamSynchronize(cs(stream)));  // the one sync
+#endif
 }
 
 void embedding_lookup(const Tensor& ids, const Tensor& weight,
@@ -111,7 +156,14 @@ void embedding_lookup(const Tensor& ids, const Tensor& weight,
 }
 
 void embedding_grad(const Tensor& ids, const Tensor& dy2d, int64_t vocab_start,
-                    const Tensor& dweight, void* stream) {
+                    const Tensor& dweight, const Tensor& acc32, void* stream) {
+  const bool needs_acc = dweight.dtype() != DType::kFloat32;
+  TUTTI_CHECK(!needs_acc || (acc32.dtype() == DType::kFloat32 &&
+                             acc32.numel() == dweight.numel() &&
+                             acc32.device() == dweight.device()),
+              "embedding_grad into ", dweight.str(), " needs a float32 "
+              "accumulator of the same shape on its device, got ", acc32.str());
+  float* acc = needs_acc ? acc32.data_as<float>() : nullptr;
   TUTTI_CHECK(dweight.ndim() == 2 && dy2d.ndim() == 2 &&
                   dy2d.shape()[0] == ids.numel() &&
                   dy2d.shape()[1] == dweight.shape()[1] &&
@@ -123,10 +175,10 @@ void embedding_grad(const Tensor& ids, const Tensor& dy2d, int64_t vocab_start,
     TP_CUDA_CALL(dweight.device().index,
                  kernels::launch_embedding_grad(
                      ids.data(), ids.dtype(), dy2d.data(), dy2d.dtype(), n, dim,
-                     vocab_start, rows, dweight.data(), cs(stream)));
+                     vocab_start, rows, dweight.data(), acc, cs(stream)));
   else
     cpu::embedding_grad(ids.data(), ids.dtype(), dy2d.data(), dy2d.dtype(), n,
-                        dim, vocab_start, rows, dweight.data());
+                        dim, vocab_start, rows, dweight.data(), acc);
 }
 
 void ce_local_max(const Tensor& logits2d, const Tensor& max, void* stream) {

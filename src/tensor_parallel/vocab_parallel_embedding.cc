@@ -2,7 +2,8 @@
 //
 //   forward   Y = sum over TP of lookup_r(ids)   (rows of ids held elsewhere
 //             are zero here; all-reduce, or SP reduce-scatter)
-//   backward  dE_r[id - start] += dY[i] for the ids this rank holds
+//   backward  dE_r[id - start] += dY[i] for the ids this rank holds, summed
+//             in float32 (a float32 scratch table for float16/bfloat16)
 #include "core/check.h"
 #include "tensor_parallel/layer_util.h"
 #include "tensor_parallel/mesh_impl.h"
@@ -14,7 +15,7 @@
 namespace tutti {
 namespace {
 
-enum Slot { kFullOutput, kGatheredGrad };
+enum Slot { kFullOutput, kGatheredGrad, kGradAccumulator };
 
 const ProcessMeshPtr& checked(const ProcessMeshPtr& mesh,
                               const std::string& label, int64_t vocab,
@@ -130,7 +131,14 @@ void VocabParallelEmbedding::backward(const Tensor& ids,
                        stream);
     dy = full;
   }
-  tp::embedding_grad(ids, dy, e.start, e.weight.grad(), stream);
+  // float16/bfloat16 tables sum their gradient in a float32 copy kept in
+  // the layer's workspace (allocated on the first backward, then reused).
+  const Tensor acc =
+      e.options.dtype == DType::kFloat32
+          ? Tensor()
+          : e.ws.get(kGradAccumulator, DType::kFloat32,
+                     Shape{e.local, e.dim}, e.options.device);
+  tp::embedding_grad(ids, dy, e.start, e.weight.grad(), acc, stream);
 }
 
 Tensor VocabParallelEmbedding::weight() const { return impl_->weight.value(); }

@@ -1,9 +1,13 @@
 // Every compressor on CUDA buckets (NCCL) against the same compressor on
 // host buckets: the results agree within the kernels' tolerance, and the
-// CUDA results are bit-identical on every rank (labelled gpu).
+// CUDA results are bit-identical on every rank (labelled gpu).  The CUDA
+// compressor runs on a fresh thread, as under the reducer's bucket worker:
+// it must set the bucket's device itself.  A last step overflows on rank 0
+// only and must come out NaN on every rank (the on-device agreement flag).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "compression/compression_test_util.h"
 
@@ -20,8 +24,11 @@ class GpuCompressors : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuCompressors, MatchHostAndAreIdenticalOnEveryRank) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  // NCCL does not put two ranks of a communicator on one device.
+  if (cuda_device_count() < local_size())
+    GTEST_SKIP() << "needs one device per rank";
   auto w = world();
-  const int dev = local_rank() % cuda_device_count();
+  const int dev = local_rank();
   ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
   CompressorOptions o;
   o.topk_ratio = 0.05;
@@ -49,7 +56,10 @@ TEST_P(GpuCompressors, MatchHostAndAreIdenticalOnEveryRank) {
     ctx.step = step;
     on_host->allreduce(0, h.tensor(), ctx);
     ctx.stream = stream;
-    on_dev->allreduce(0, Tensor(d, DType::kFloat32, Shape{n}, Device::cuda(dev)), ctx);
+    std::thread worker([&] {  // a thread whose device nobody set
+      on_dev->allreduce(0, Tensor(d, DType::kFloat32, Shape{n}, Device::cuda(dev)), ctx);
+    });
+    worker.join();
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     std::vector<float> got(n);
     ASSERT_EQ(cudaMemcpy(got.data(), d, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -63,6 +73,29 @@ TEST_P(GpuCompressors, MatchHostAndAreIdenticalOnEveryRank) {
     const double tol = (GetParam() == "powersgd" ? 1e-3 : 1e-5) * (1 + scale);
     for (int64_t i = 0; i < n; ++i)
       ASSERT_NEAR(got[i], want[i], tol) << GetParam() << " step " << step << " at " << i;
+  }
+  // Overflow on rank 0 only.
+  const std::string algo = GetParam();
+  const bool error_feedback = algo == "topk" || algo == "onebit" || algo == "powersgd";
+  if (error_feedback) {
+    test::HostBucket h(DType::kFloat32, n);
+    std::vector<double> v = test::gradient_values(n, DType::kFloat32, 8, w->rank(), 3);
+    if (w->rank() == 0) v[17] = std::nan("");
+    h.set(v);
+    ASSERT_EQ(cudaMemcpy(d, h.bytes.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    CompressContext ctx;
+    ctx.comm = w.get();
+    ctx.step = 3;
+    ctx.stream = stream;
+    std::thread worker([&] {
+      on_dev->allreduce(0, Tensor(d, DType::kFloat32, Shape{n}, Device::cuda(dev)), ctx);
+    });
+    worker.join();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> got(n);
+    ASSERT_EQ(cudaMemcpy(got.data(), d, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isnan(got[i])) << algo << " at " << i;
+    EXPECT_EQ(on_dev->stats().nonfinite_steps, 1u);
   }
   cudaStreamDestroy(stream);
   cudaFree(d);

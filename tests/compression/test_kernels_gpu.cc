@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "kernels/compression_common.h"
 #include "kernels/compression_onebit.h"
 #include "kernels/compression_powersgd.h"
+#include "core/cuda_utils.h"
 #include "kernels/compression_topk.h"
 #endif
 
@@ -84,7 +87,12 @@ class GpuKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    guard_.emplace(0);  // launches check that tutti set the thread's device
   }
+  void TearDown() override { guard_.reset(); }
+
+ private:
+  std::optional<cuda::DeviceGuard> guard_;
 };
 
 TEST_F(GpuKernels, StagingOpsMatchCpuExactly) {
@@ -141,21 +149,34 @@ void gpu_topk_select(float* x, int64_t n, int64_t k, uint32_t* idx, float* val) 
   check(cudaDeviceSynchronize());
 }
 
+// Selects the top k of x on the device (pairs into didx/dval, k each) and on
+// the CPU (into idx/val); expects the same pairs and the same residual.
+void expect_topk_equal(std::vector<float> x, int64_t k, const Dev& didx,
+                       const Dev& dval, std::vector<uint32_t>* idx,
+                       std::vector<float>* val, TopkScratch* scratch) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  Dev dx(n * 4);
+  dx.put(x.data());
+  gpu_topk_select(dx.as<float>(), n, k, didx.as<uint32_t>(), dval.as<float>());
+  idx->assign(k, 0);
+  val->assign(k, 0.0f);
+  topk_select_cpu(x.data(), n, k, idx->data(), val->data(), scratch);
+  EXPECT_EQ(didx.get<uint32_t>(), *idx) << "indices";
+  EXPECT_EQ(dval.get<float>(), *val) << "values";
+  EXPECT_EQ(dx.get<float>(), x) << "residual";
+}
+
 TEST_F(GpuKernels, TopkSelectionMatchesCpuExactly) {
   TopkScratch scratch;
   for (int64_t n : kSizes)
     for (bool ties : {false, true})
       for (int64_t k : {int64_t{1}, std::max<int64_t>(1, n / 100), n}) {
-        std::vector<float> x = random_floats(n, 3 * n + k, ties);
-        Dev dx(n * 4), didx(k * 4), dval(k * 4);
-        dx.put(x.data());
-        gpu_topk_select(dx.as<float>(), n, k, didx.as<uint32_t>(), dval.as<float>());
-        std::vector<uint32_t> idx(k);
-        std::vector<float> val(k);
-        topk_select_cpu(x.data(), n, k, idx.data(), val.data(), &scratch);
-        EXPECT_EQ(didx.get<uint32_t>(), idx) << "n=" << n << " k=" << k << " ties=" << ties;
-        EXPECT_EQ(dval.get<float>(), val);
-        EXPECT_EQ(dx.get<float>(), x) << "residual";
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k << " ties=" << ties);
+        Dev didx(k * 4), dval(k * 4);
+        std::vector<uint32_t> idx;
+        std::vector<float> val;
+        expect_topk_equal(random_floats(n, 3 * n + k, ties), k, didx, dval, &idx, &val,
+                          &scratch);
         // Decoding: scatter-add of the pairs.
         std::vector<float> out0 = random_floats(n, 7, false), out = out0;
         Dev dout(n * 4);
@@ -165,6 +186,99 @@ TEST_F(GpuKernels, TopkSelectionMatchesCpuExactly) {
         topk_scatter_add_cpu(idx.data(), val.data(), k, out.data());
         EXPECT_EQ(dout.get<float>(), out);
       }
+}
+
+// Ties at the threshold and k landing exactly on, just before and just
+// after the edges of the radix bins (and of the pick_bin scan's per-thread
+// chunks): values are built so whole bins hold known counts.
+TEST_F(GpuKernels, TopkSelectionWithTiesAndBinEdgesMatchesCpuExactly) {
+  TopkScratch scratch;
+  const int64_t n = 50000;
+  // Level-0 bins are the top 11 key bits: 1.0f, 2.0f, 4.0f ... sit in
+  // distinct bins; within a bin, equal values tie on every level.
+  std::vector<float> base(static_cast<size_t>(n));
+  int64_t counts[] = {0, 0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = static_cast<int>((i * 7) % 4);
+    const float mag = c == 0 ? 8.0f : c == 1 ? 4.0f : c == 2 ? 2.0f : 1.0f;
+    base[i] = (i % 3 == 0) ? -mag : mag;
+    ++counts[c];
+  }
+  std::vector<int64_t> ks;
+  int64_t edge = 0;
+  for (int c = 0; c < 4; ++c) {
+    edge += counts[c];  // k == edge ends exactly on a bin boundary
+    for (int64_t d : {-1, 0, 1})
+      if (edge + d >= 1 && edge + d <= n) ks.push_back(edge + d);
+  }
+  ks.push_back(1);
+  ks.push_back(counts[0] / 2);  // inside a single tied bin
+  for (int64_t k : ks) {
+    SCOPED_TRACE(::testing::Message() << "k=" << k);
+    Dev didx(k * 4), dval(k * 4);
+    std::vector<uint32_t> idx;
+    std::vector<float> val;
+    expect_topk_equal(base, k, didx, dval, &idx, &val, &scratch);
+  }
+}
+
+TEST_F(GpuKernels, NonfiniteFlagMatchesCpu) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (DType dt : kFloats)
+    for (int64_t n : kSizes)
+      for (int where : {-1, 0, 1}) {  // none, a NaN, an Inf (at the end)
+        std::vector<float> v = random_floats(n, 13 * n, false);
+        if (where == 0) v[n - 1] = std::nanf("");
+        if (where == 1) v[n / 2] = -inf;
+        const auto src = as_dtype(v, dt);
+        Dev dsrc(src.size()), dflag(4);
+        dsrc.put(src.data());
+        kernels::launch_nonfinite_flag(dsrc.as<void>(), dt, n, dflag.as<int32_t>(), nullptr);
+        const int32_t want = cpu::any_nonfinite(src.data(), dt, n) ? 1 : 0;
+        EXPECT_EQ(want, where >= 0 ? 1 : 0);
+        EXPECT_EQ(dflag.get<int32_t>()[0], want)
+            << dtype_name(dt) << " n=" << n << " where=" << where;
+      }
+}
+
+// The batched launch (a block per slot) against the one-slot launcher
+// (bitwise: the same block code) and the CPU reference, for several slot
+// counts and shapes, with an orthonormality check of the result.
+TEST_F(GpuKernels, PowerSgdBatchedOrthogonalizeMatchesSingleAndCpu) {
+  for (int slots : {1, 2, 5, 17}) {
+    std::vector<kernels::PowerSgdOrthoSlot> table;
+    int64_t total = 0;
+    for (int s = 0; s < slots; ++s) {
+      const int64_t m = 1 + (s * 211) % 700, r = std::min<int64_t>(m, 1 + s % 4);
+      table.push_back({total, m, r, static_cast<uint64_t>(100 + s)});
+      total += m * r;
+    }
+    std::vector<float> p = random_floats(total, 17 + slots, false);
+    Dev dp(total * 4), done(total * 4), dtable(table.size() * sizeof(table[0]));
+    dp.put(p.data());
+    done.put(p.data());
+    dtable.put(table.data());
+    kernels::launch_powersgd_orthogonalize_slots(
+        dp.as<float>(), dtable.as<kernels::PowerSgdOrthoSlot>(), slots, 5, nullptr);
+    for (const auto& t : table)
+      kernels::launch_powersgd_orthogonalize(done.as<float>() + t.p_off, t.m, t.r,
+                                             5, t.stream_id, nullptr);
+    const auto batched = dp.get<float>(), single = done.get<float>();
+    ASSERT_EQ(batched, single) << slots << " slots";
+    for (const auto& t : table) {
+      float* cp = p.data() + t.p_off;
+      powersgd_orthogonalize_cpu(cp, t.m, t.r, 5, t.stream_id);
+      for (int64_t i = 0; i < t.m * t.r; ++i)
+        ASSERT_NEAR(batched[t.p_off + i], cp[i], 1e-4) << "slot at " << t.p_off;
+      for (int64_t a = 0; a < t.r; ++a)
+        for (int64_t b = 0; b <= a; ++b) {
+          double d = 0;
+          for (int64_t row = 0; row < t.m; ++row)
+            d += double(batched[t.p_off + row * t.r + a]) * batched[t.p_off + row * t.r + b];
+          ASSERT_NEAR(d, a == b ? 1.0 : 0.0, 1e-4) << "columns " << a << ", " << b;
+        }
+    }
+  }
 }
 
 TEST_F(GpuKernels, PowerSgdKernelsMatchCpu) {
