@@ -319,11 +319,10 @@ void check_launch(cudaStream_t stream, const char* file, int line) {
                                     " (", cudaGetErrorString(err), ") at ", base,
                                     ":", line, "; device discipline: ", why));
   }
-  if (!why.empty())
+  if (!why.empty())  // kInternal: throw_error appends the launcher's file:line
     detail::throw_error(ErrorCode::kInternal, file, line,
-                        detail::cat("kernel launch at ", base, ":", line,
-                                    " broke the device discipline (TUTTI_CHECK_DEVICE): ",
-                                    why));
+                        detail::cat("kernel launch broke the device discipline "
+                                    "(TUTTI_CHECK_DEVICE): ", why));
 }
 
 #else  // !TUTTI_WITH_CUDA

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/cuda_utils.h"
+#include "core/host_buffer.h"
 #include "tutti/config.h"
 
 namespace tutti {
@@ -69,6 +70,16 @@ TEST(ThreadDevice, ScopesNestAndStayOnTheirThread) {
 TEST(ThreadDevice, OptionalGuardOnTheCpuSetsNothing) {
   cuda::OptionalDeviceGuard g(Device::cpu());
   EXPECT_EQ(cuda::thread_device(), -1);
+}
+
+TEST(PinnedHostBuffer, PlainMemoryWhenNoContextExists) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a device exists (see test_device_gpu)";
+  // No driver, no context: pinning would need one, so none is made.
+  HostBuffer b(4096, /*pinned=*/true);
+  EXPECT_FALSE(b.pinned());
+  ASSERT_NE(b.data(), nullptr);
+  b.as<char>()[4095] = 7;
+  EXPECT_EQ(b.as<char>()[4095], 7);
 }
 
 TEST(DeviceCheckSwitch, FollowsTheSettingAfterReload) {

@@ -13,11 +13,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "common/test_util.h"
 #include "core/cuda_utils.h"
+#include "core/host_buffer.h"
 #include "tutti/config.h"
 #include "tutti/process_group.h"
 
@@ -113,6 +115,24 @@ TEST(DeviceGuardGpu, RestoresADeviceThatHasAContext) {
     EXPECT_EQ(cuda::thread_device(), dev);
   }).join();
   EXPECT_EQ(cuda::thread_device(), -1) << "guards of another thread leave this one alone";
+}
+
+TEST(DeviceGuardGpu, PinnedHostBufferUsesAnExistingContext) {
+  TUTTI_REQUIRE_GPU();
+  const int dev = local_rank() % cuda_device_count();
+  {
+    cuda::DeviceGuard g(dev);
+    TUTTI_CUDA_CHECK(cudaFree(nullptr));  // the process now has a context on dev
+  }
+  const bool device0_unused = dev != 0 &&
+      cuda::primary_context_state(0) == cuda::ContextState::kInactive;
+  std::unique_ptr<HostBuffer> b;
+  std::thread([&] { b.reset(new HostBuffer(1 << 20, /*pinned=*/true)); }).join();
+  EXPECT_TRUE(b->pinned()) << "a context exists on cuda:" << dev;
+  std::thread([&] { b.reset(); }).join();  // freed on yet another fresh thread
+  if (device0_unused)
+    EXPECT_EQ(cuda::primary_context_state(0), cuda::ContextState::kInactive)
+        << "pinning or freeing on a fresh thread created a context on device 0";
 }
 
 class LaunchOnFreshThread : public ::testing::Test {
