@@ -10,6 +10,8 @@
 
 #if TUTTI_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "core/cuda_utils.h"
 #endif
 
 namespace tutti {
@@ -56,9 +58,11 @@ const void* host_bytes(const Tensor& t, std::vector<char>* staging) {
   if (!t.is_cuda() || t.numel() == 0) return t.data();
 #if TUTTI_WITH_CUDA
   staging->resize(t.nbytes());
-  cudaError_t e = cudaSetDevice(t.device().index);
-  if (e == cudaSuccess)
-    e = cudaMemcpy(staging->data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost);
+  // A guard, not a bare cudaSetDevice: the caller's (PyTorch's) current
+  // device must be the same afterwards.
+  cuda::DeviceGuard guard(t.device().index);
+  const cudaError_t e =
+      cudaMemcpy(staging->data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost);
   TUTTI_ARG_CHECK(e == cudaSuccess, "copying ", t.str(), " to the host: ",
                   cudaGetErrorString(e));
   return staging->data();
@@ -97,9 +101,9 @@ void copy_into(const Tensor& src, const Tensor& dst, const std::string& what) {
   std::vector<char> converted(dst.nbytes());
   convert(host_src, src.dtype(), converted.data(), dst.dtype(),
           static_cast<size_t>(dst.numel()));
-  cudaError_t e = cudaSetDevice(dst.device().index);
-  if (e == cudaSuccess)
-    e = cudaMemcpy(dst.data(), converted.data(), dst.nbytes(), cudaMemcpyHostToDevice);
+  cuda::DeviceGuard guard(dst.device().index);
+  const cudaError_t e =
+      cudaMemcpy(dst.data(), converted.data(), dst.nbytes(), cudaMemcpyHostToDevice);
   TUTTI_ARG_CHECK(e == cudaSuccess, what, ": copying to ", dst.str(), ": ",
                   cudaGetErrorString(e));
 #else

@@ -47,8 +47,8 @@ void SnapshotCopier::copy(const Tensor& src, void* dst) {
   auto& d = cuda_->devices[dev];
   if (!d.stream) {
     d.stream = std::make_unique<cuda::Stream>(dev);
-    d.ready = std::make_unique<cuda::Event>();
-    d.done = std::make_unique<cuda::Event>();
+    d.ready = std::make_unique<cuda::Event>(dev);
+    d.done = std::make_unique<cuda::Event>(dev);
   }
   auto user = static_cast<cudaStream_t>(user_stream_);
   if (!d.active) {

@@ -33,6 +33,11 @@ const std::vector<SettingInfo> kSettings = {
      "After a timeout, how long to wait for peers to report where they are."},
     {"TUTTI_NCCL", "bool", "1",
      "Use NCCL for CUDA tensors (when built with NCCL)."},
+    {"TUTTI_CHECK_DEVICE", "bool", "0",
+     "Device discipline check (on in the gpu tests): every kernel launch must "
+     "come from a thread inside a cuda::DeviceGuard whose device is current "
+     "and owns the launch stream, and cuda::Event() needs a guard; a "
+     "violation is an internal error naming the launcher."},
     // ---- data parallel
     {"TUTTI_BUCKET_MB", "float", "25",
      "Gradient bucket cap in MiB for the data-parallel reducer."},

@@ -16,7 +16,7 @@ HostBuffer::~HostBuffer() { release(); }
 
 HostBuffer::HostBuffer(HostBuffer&& o) noexcept
     : data_(o.data_), bytes_(o.bytes_), pinned_(o.pinned_),
-      want_pinned_(o.want_pinned_) {
+      want_pinned_(o.want_pinned_), pinned_device_(o.pinned_device_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
 }
@@ -28,6 +28,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
     bytes_ = o.bytes_;
     pinned_ = o.pinned_;
     want_pinned_ = o.want_pinned_;
+    pinned_device_ = o.pinned_device_;
     o.data_ = nullptr;
     o.bytes_ = 0;
   }
@@ -39,10 +40,16 @@ void HostBuffer::reserve(size_t bytes) {
   release();
   if (bytes == 0) return;
 #if TUTTI_WITH_CUDA
-  if (want_pinned_ && cuda::device_count_noexcept() > 0) {
-    if (cudaHostAlloc(&data_, bytes, cudaHostAllocDefault) == cudaSuccess) {
+  // Page-locking needs a context: use one the process already has (pinned
+  // memory is usable from every device under unified addressing), never
+  // create one.  No active context yet: plain memory (copies still work).
+  const int device = want_pinned_ ? cuda::device_with_active_context() : -1;
+  if (device >= 0) {
+    cuda::DeviceGuard g(device);
+    if (cudaHostAlloc(&data_, bytes, cudaHostAllocPortable) == cudaSuccess) {
       bytes_ = bytes;
       pinned_ = true;
+      pinned_device_ = device;
       return;
     }
     cudaGetLastError();
@@ -63,7 +70,11 @@ void HostBuffer::release() {
   if (!data_) return;
 #if TUTTI_WITH_CUDA
   if (pinned_) {
-    cudaFreeHost(data_);
+    try {
+      cuda::DeviceGuard g(pinned_device_);  // not "whatever is current" (0)
+      cudaFreeHost(data_);
+    } catch (const Error&) {
+    }
     data_ = nullptr;
     bytes_ = 0;
     return;

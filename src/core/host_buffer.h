@@ -12,8 +12,10 @@ namespace tutti {
 class HostBuffer {
  public:
   HostBuffer() = default;
-  // pinned: use cudaHostAlloc when CUDA is built and a device exists;
-  // otherwise plain aligned memory (pinned() then reports false).
+  // pinned: cudaHostAlloc through a device whose primary context is already
+  // active (the current one first), so pinning never creates a context;
+  // plain aligned memory when CUDA is not built or no context exists yet
+  // (pinned() then reports false).
   explicit HostBuffer(size_t bytes, bool pinned = false);
   ~HostBuffer();
   HostBuffer(HostBuffer&& o) noexcept;
@@ -37,6 +39,7 @@ class HostBuffer {
   size_t bytes_ = 0;
   bool pinned_ = false;
   bool want_pinned_ = false;
+  int pinned_device_ = -1;  // the context that page-locked it
 };
 
 // A pool of host buffers reused across steps, so the hot path does not

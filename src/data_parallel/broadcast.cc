@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/cuda_utils.h"
 
 namespace tutti {
 namespace dp {
@@ -36,6 +37,7 @@ int broadcast_tensors(ProcessGroup& group, const std::vector<Tensor>& tensors,
     ++issued;
     if (j == i + 1) {
       o.name = what + " '" + names[i] + "'";
+      cuda::OptionalDeviceGuard device(first.device());  // NCCL on its device
       group.broadcast(first, root, o);
       i = j;
       continue;

@@ -154,7 +154,7 @@ void ReducerImpl::allocate_bucket(Bucket& b) {
   if (l.device.is_cuda()) {
     b.device_chunks = dp::upload_to_device(
         l.device.index, b.chunks.data(), b.chunks.size() * sizeof(b.chunks[0]));
-    b.joined.reset(new cuda::Event());
+    b.joined.reset(new cuda::Event(l.device.index));
     ++stats_.buffer_allocations;
   }
 #endif

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/check.h"
+#include "core/cuda_utils.h"
 #include "data_parallel/reducer_impl.h"
 #include "tutti/log.h"
 
@@ -80,6 +81,7 @@ void ReducerImpl::mark_filled(Bucket& b, bool early) {
 
 void ReducerImpl::launch(int index, bool early) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
+  cuda::OptionalDeviceGuard device(b.plan.layout.device);  // NCCL submission
   b.launch_step = step_;
   b.launch_grad_scale = grad_scale_;
   ++stats_.buckets_reduced;
@@ -98,8 +100,12 @@ void ReducerImpl::launch(int index, bool early) {
 }
 
 // On the worker thread: reads only what launch() wrote before enqueue().
+// The worker is a thread of its own: its current device is 0 until set, so
+// every job runs under the bucket's device (compressor kernels, events,
+// NCCL calls); without it, local ranks >= 1 would launch onto device 0.
 void ReducerImpl::run_on_worker(int index) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
+  cuda::OptionalDeviceGuard device(b.plan.layout.device);
   if (mode_ == Mode::kCompressed) {
     CompressContext ctx;
     ctx.comm = group_.get();
@@ -133,10 +139,12 @@ void ReducerImpl::fill_missing(Bucket& b, void* stream) {
 
 void ReducerImpl::wait_bucket(int index) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
-  if (mode_ != Mode::kFlat)
-    worker_->wait(index);
-  else if (b.work)
+  if (mode_ != Mode::kFlat) {
+    worker_->wait(index);  // host-side only
+  } else if (b.work) {
+    cuda::OptionalDeviceGuard device(b.plan.layout.device);  // stream waits
     b.work->wait();
+  }
 }
 
 void ReducerImpl::write_back(Bucket& b, void* stream) {

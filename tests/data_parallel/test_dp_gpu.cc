@@ -1,15 +1,21 @@
 // CUDA variants (label gpu; skipped without a device): the fused write-back
 // kernel against its CPU twin on fresh random inputs with poisoned outputs,
-// and the reducer on CUDA gradients (NCCL, user streams, unused gradients,
-// hierarchical), plus parameter broadcast on CUDA tensors.
+// the reducer on CUDA gradients (NCCL, user streams, unused gradients,
+// hierarchical at two node sizes), the reducer in compressed mode against
+// the host reducer, and parameter broadcast on CUDA tensors.  All under
+// TUTTI_CHECK_DEVICE=1.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "core/cuda_utils.h"
 #include "data_parallel/dp_test_util.h"
 #include "data_parallel/unflatten.h"
+#include "tutti/compression.h"
+#include "tutti/config.h"
 
 namespace tutti {
 namespace {
@@ -19,6 +25,19 @@ namespace {
 using test::Buffer;
 
 int my_device() { return local_rank() % cuda_device_count(); }
+
+// Every test here runs under the device-discipline check (whatever the
+// environment says): a reducer thread that launches a kernel without
+// setting its device fails, even on device 0.
+class StrictDeviceCheck : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    setenv("TUTTI_CHECK_DEVICE", "1", 1);
+    config::reload();
+  }
+};
+::testing::Environment* const kStrict =
+    ::testing::AddGlobalTestEnvironment(new StrictDeviceCheck);
 
 // A device copy of a host Buffer.
 struct DeviceArray {
@@ -97,11 +116,13 @@ struct GpuParam {
   std::unique_ptr<DeviceArray> param, grad;
 };
 
-std::vector<GpuParam> gpu_params(int dev) {
-  const std::vector<test::ParamDecl> decls = {{"w", DType::kFloat32, Shape{100, 30}},
-                                              {"b", DType::kFloat32, Shape{30}},
-                                              {"h", DType::kBFloat16, Shape{37}},
-                                              {"d", DType::kFloat64, Shape{5}}};
+const std::vector<test::ParamDecl> kMixedDecls = {{"w", DType::kFloat32, Shape{100, 30}},
+                                                  {"b", DType::kFloat32, Shape{30}},
+                                                  {"h", DType::kBFloat16, Shape{37}},
+                                                  {"d", DType::kFloat64, Shape{5}}};
+
+std::vector<GpuParam> gpu_params(int dev,
+                                 const std::vector<test::ParamDecl>& decls = kMixedDecls) {
   std::vector<GpuParam> out;
   for (const auto& d : decls) {
     GpuParam p{d.name, d.shape, Buffer(d.dtype, d.shape.numel()), nullptr, nullptr};
@@ -112,7 +133,10 @@ std::vector<GpuParam> gpu_params(int dev) {
   return out;
 }
 
-class DpGpuReducer : public ::testing::TestWithParam<std::tuple<double, bool>> {};
+// (bucket cap, hierarchical node size; 0: flat).  At np 2 node size 1 is
+// the cross-node all-reduce alone, node size 2 the node reduce-scatter +
+// all-gather (padded buckets); at np 1 the reducer is flat either way.
+class DpGpuReducer : public ::testing::TestWithParam<std::tuple<double, int>> {};
 
 TEST_P(DpGpuReducer, ClosedFormWithUnusedGradients) {
   TUTTI_REQUIRE_GPU();
@@ -122,8 +146,8 @@ TEST_P(DpGpuReducer, ClosedFormWithUnusedGradients) {
   auto params = gpu_params(dev);
   ReducerOptions o;
   o.bucket_cap_mb = std::get<0>(GetParam());
-  o.hierarchical = std::get<1>(GetParam());
-  o.hierarchical_node_size = 1;
+  o.hierarchical = std::get<1>(GetParam()) > 0;
+  o.hierarchical_node_size = std::get<1>(GetParam());
   Reducer r(world(), o);
   for (auto& p : params) r.add_parameter(p.name, p.param->tensor(p.shape), p.grad->tensor(p.shape));
   r.build();
@@ -156,7 +180,88 @@ TEST_P(DpGpuReducer, ClosedFormWithUnusedGradients) {
 
 INSTANTIATE_TEST_SUITE_P(CapsAndModes, DpGpuReducer,
                          ::testing::Combine(::testing::Values(1e-9, 1000.0),
-                                            ::testing::Values(false, true)));
+                                            ::testing::Values(0, 1, 2)));
+
+// The reducer in compressed mode on CUDA gradients against the same
+// compressor on host gradients (the CPU twins), over three steps so error
+// feedback carries over.  The compressor runs on the reducer's worker
+// thread, which must set the bucket's device itself: under
+// TUTTI_CHECK_DEVICE (on for this file) a kernel it launched without doing
+// so fails even where device 0 is the right device.  Distinct values
+// (no ties for top-k); float32 only (bfloat16 would create ties).
+class DpGpuCompressed
+    : public ::testing::TestWithParam<std::tuple<std::string, double>> {};
+
+TEST_P(DpGpuCompressed, MatchesTheHostReducer) {
+  TUTTI_REQUIRE_GPU();
+  const std::string algo = std::get<0>(GetParam());
+  const int dev = my_device();
+  cuda::DeviceGuard g(dev);
+  cuda::Stream stream(dev);
+  const std::vector<test::ParamDecl> decls = {{"w", DType::kFloat32, Shape{100, 30}},
+                                              {"b", DType::kFloat32, Shape{30}},
+                                              {"v", DType::kFloat32, Shape{257}}};
+  CompressorOptions co;
+  co.topk_ratio = 0.05;
+  co.onebit_chunk = 64;
+  co.powersgd_rank = 2;
+  ReducerOptions o;
+  o.bucket_cap_mb = std::get<1>(GetParam());
+  o.compressor = make_compressor(algo, co);
+  ReducerOptions host_o = o;
+  host_o.compressor = make_compressor(algo, co);
+  host_o.name = "host";
+  auto host_params = test::make_params(decls);
+  auto dev_params = gpu_params(dev, decls);
+  Reducer on_host(world(), host_o), on_dev(world(), o);
+  test::register_all(on_host, host_params);
+  for (auto& p : dev_params)
+    on_dev.add_parameter(p.name, p.param->tensor(p.shape), p.grad->tensor(p.shape));
+  on_host.build();
+  on_dev.build();
+  ASSERT_GT(on_dev.buckets().size(), 0u);
+  const int rank = world()->rank();
+  for (int step = 0; step < 3; ++step) {
+    for (size_t p = 0; p < decls.size(); ++p) {
+      auto value = [&](int64_t i) {
+        return std::sin(0.37 * static_cast<double>(i) + 1.1 * rank + 7.0 * p + 1.3 * step) *
+               (1.0 + static_cast<double>(i % 97) / 97.0);
+      };
+      host_params[p].grad.fill(value);
+      dev_params[p].host.fill(value);
+      TUTTI_CUDA_CHECK(cudaMemcpyAsync(dev_params[p].grad->mem.data(),
+                                       dev_params[p].host.bytes.data(),
+                                       dev_params[p].host.bytes.size(),
+                                       cudaMemcpyHostToDevice, stream.get()));
+      TUTTI_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    }
+    // One reducer's step at a time: both use the world group, and a step in
+    // flight must not interleave with other collectives on it.
+    for (int i = on_host.num_parameters() - 1; i >= 0; --i) on_host.grad_ready(i);
+    ASSERT_TRUE(on_host.synchronize());
+    for (int i = on_dev.num_parameters() - 1; i >= 0; --i) on_dev.grad_ready(i, stream.get());
+    ASSERT_TRUE(on_dev.synchronize(stream.get()));
+    TUTTI_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    for (size_t p = 0; p < decls.size(); ++p) {
+      const std::vector<double> want = host_params[p].grad.values();
+      double scale = 0;
+      for (double v : want) scale = std::max(scale, std::fabs(v));
+      // PowerSGD: cuBLAS vs OpenBLAS; 1-bit: the scales' summation order
+      // (the same bounds as tests/compression/test_compressors_gpu.cc).
+      const double tol = (algo == "powersgd" ? 1e-3 : 1e-5) * (1 + scale);
+      EXPECT_TRUE(test::matches(dev_params[p].grad->download(),
+                                [&](int64_t i) { return want[static_cast<size_t>(i)]; },
+                                tol))
+          << algo << " '" << decls[p].name << "' step " << step;
+    }
+  }
+  EXPECT_EQ(on_dev.stats().steps, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, DpGpuCompressed,
+    ::testing::Combine(::testing::Values("fp16", "topk", "powersgd", "onebit"),
+                       ::testing::Values(1e-9, 1000.0)));
 
 TEST(DpGpu, BroadcastParameters) {
   TUTTI_REQUIRE_GPU();
