@@ -192,7 +192,7 @@ EOF
   echo "commit:   $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty')"
   echo "compiler: $(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt"), $(nvcc --version 2>/dev/null | tail -1)"
   echo "cuda archs: $(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
-  echo "openmpi:  $(ompi_info --parsable --version ompi full 2>/dev/null | head -1)"
+  echo "openmpi:  $(ompi_info 2>/dev/null | sed -n 's/^ *Open MPI: //p' | head -1)"
   echo "left out (OpenMPI plugins needing fabric stacks): ${left_out[*]:-none}"
   echo "unresolved on the build machine: $(grep -c MISSING "$OUT/.kit_missing" || true)"
 } > "$KIT/KIT_INFO"
