@@ -223,8 +223,13 @@ if [ -n "$KIT" ]; then
   fi
   wait "$EXT_PID"; ext_rc=$?
   cat "$WORK/extension.log" >> "$LOG"
+  pymissing=$(python3 -c "
+import importlib.util as u
+print(' '.join(m for m in ('pytest', 'torch', 'numpy') if u.find_spec(m) is None))" 2>&1)
   if [ $ext_rc -ne 0 ]; then
     note "python extension" skipped "could not build tutti._C for $(python3 --version 2>&1) (see gpu_check.log): Python GPU tests not run"
+  elif [ -n "$pymissing" ]; then
+    note "ctest gpu (Python)" skipped "$(command -v python3) lacks: $pymissing (the GPU image's python3 has them)"
   else
     note "python extension" ok "$(tail -1 "$WORK/extension.log")"
     pyre="^python_test_gpu_np[1-$((GPUS > 0 ? (GPUS < 3 ? GPUS : 3) : 1))]\$"
