@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# Builds tutti, its tests and benchmarks for sm_90 on this (GPU-less) machine
+# and packs everything a bare H100/H200 node lacks into one archive:
+#
+#   .gpukit/tutti-gpukit.tar.xz     carry this path to the GPU machine
+#   .gpukit/tutti-gpukit/           the same tree, unpacked (for the proof)
+#
+# The tree:
+#   build/    the build tree's executables (tests, benchmarks, examples),
+#             libtutti and ctest's CTestTestfile.cmake files, whose absolute
+#             paths are placeholders that env.sh fills in on the target
+#   bin/      OpenMPI's launcher (orterun as mpirun/mpiexec), orted, ompi_info
+#   lib/      every shared library ldd names that a CUDA/Ubuntu base image
+#             does not have (OpenMPI, PMIx, hwloc, libevent, OpenBLAS,
+#             libgfortran, libcurl and its TLS/compression/LDAP/... chain,
+#             xxHash, Google Benchmark), OpenMPI's plugins (lib/openmpi3) and
+#             PMIx's (pmix/lib/pmix)
+#   share/    OpenMPI's and PMIx's help files; etc/ its default MCA params
+#   include/  pybind11's headers, in case the target's pip lacks them
+#   env.sh    `. env.sh REPO`: PATH, LD_LIBRARY_PATH and OPAL_*/PMIX_* so the
+#             relocated OpenMPI finds its plugins and help files, and the
+#             ctest files pointed at this tree and the repository copy REPO
+#   KIT_INFO  commit, date, compiler, what was left out and why
+# Not packed (the target image has them): glibc, libstdc++/libgcc_s (the
+# target's are newer; ours would shadow them in torch's process), CUDA's
+# runtime, cuBLAS, NCCL, cuDNN, the driver.  The Python extension is built
+# on the target by scripts/gpu_check.sh from the repository copy (its Python
+# is 3.12, ours 3.11).
+#
+# usage: scripts/gpu_kit.sh [--build-dir DIR] [--out DIR] [--no-build]
+#                           [--no-archive] [--jobs N]
+#   --no-build    pack an existing build tree (the kit ctest packs its own)
+#   --no-archive  stop after the tree (no .tar.xz, no 64 MiB check)
+# Exit status: 0 packed (and within 64 MiB), 1 build or packing failed,
+# 2 the archive exceeds 64 MiB.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=$ROOT/build-gpu
+OUT=$ROOT/.gpukit
+DO_BUILD=1
+DO_ARCHIVE=1
+JOBS=${JOBS:-2}
+LIMIT=$((64 * 1024 * 1024))
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build-dir) BUILD=$(realpath -m "$2"); shift 2 ;;
+    --out) OUT=$(realpath -m "$2"); shift 2 ;;
+    --no-build) DO_BUILD=0; shift ;;
+    --no-archive) DO_ARCHIVE=0; shift ;;
+    --jobs) JOBS=$2; shift 2 ;;
+    *) echo "gpu_kit.sh: unknown argument '$1'" >&2; exit 1 ;;
+  esac
+done
+log() { echo "[gpu_kit] $*"; }
+
+# ---- 1. build ----------------------------------------------------------------
+if [ $DO_BUILD = 1 ]; then
+  launcher=()
+  if command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
+              -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  # TUTTI_GPU_PYTHON=python3: the gpu-labelled Python tests run whatever
+  # python3 the target's PATH names (its CUDA PyTorch).
+  log "configuring $BUILD (Release, sm_90)"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DTUTTI_WITH_CUDA=ON -DTUTTI_WITH_NCCL=ON \
+    -DTUTTI_BUILD_TESTS=ON -DTUTTI_BUILD_BENCH=ON -DTUTTI_BUILD_EXAMPLES=ON \
+    -DTUTTI_BUILD_PYTHON=OFF -DTUTTI_GPU_PYTHON=python3 "${launcher[@]}" >/dev/null
+  log "building with -j$JOBS"
+  cmake --build "$BUILD" -j"$JOBS"
+fi
+[ -f "$BUILD/CMakeCache.txt" ] || { echo "gpu_kit.sh: no build tree at $BUILD" >&2; exit 1; }
+grep -q '^TUTTI_WITH_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" ||
+  log "warning: $BUILD is not a CUDA build (the GPU tests will skip on the target)"
+
+# ---- 2. the tree -------------------------------------------------------------
+KIT=$OUT/tutti-gpukit
+rm -rf "$KIT"
+mkdir -p "$KIT"/{bin,lib,build,share,etc,include}
+SOURCE_DIR=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt")
+MPIEXEC=$(sed -n 's/^TUTTI_MPIEXEC:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+is_elf() { [ "$(head -c4 "$1" 2>/dev/null | od -An -c | tr -d ' ')" = '177ELF' ]; }
+
+# Executables and ctest files, at their build-tree paths.
+(cd "$BUILD" && find tests bench examples -path '*/CMakeFiles' -prune -o -type f -print) |
+while read -r rel; do
+  src=$BUILD/$rel
+  case $rel in
+    */CTestTestfile.cmake) ;;
+    *) [ -x "$src" ] && is_elf "$src" || continue ;;
+  esac
+  mkdir -p "$KIT/build/$(dirname "$rel")"
+  cp -p "$src" "$KIT/build/$rel"
+done
+cp -p "$BUILD/CTestTestfile.cmake" "$KIT/build/"
+cp -P "$BUILD"/libtutti.so* "$KIT/build/"
+find "$KIT/build" -type f ! -name '*.cmake' -exec strip --strip-unneeded {} + 2>/dev/null || true
+# Absolute paths become placeholders (the build tree first: it may lie
+# inside the source tree).
+find "$KIT/build" -name CTestTestfile.cmake | while read -r f; do
+  sed -i -e "s|$BUILD|@KIT_BUILD@|g" -e "s|$SOURCE_DIR|@REPO@|g" \
+         -e "s|\"$MPIEXEC\"|\"@KIT_BIN@/mpiexec\"|g" "$f"
+done
+
+# OpenMPI: launcher, daemon, plugins, help files, default parameters.
+ompi_path() { ompi_info --path "$1" --parsable | sed -n "s/^path:$1://p"; }
+OMPI_PKGLIB=$(ompi_path pkglibdir)
+OMPI_PKGDATA=$(ompi_path pkgdatadir)
+OMPI_SYSCONF=$(ompi_path sysconfdir)
+OMPI_BIN=$(ompi_path bindir)
+for b in orterun orted ompi_info; do cp -p "$OMPI_BIN/$b" "$KIT/bin/"; done
+ln -s orterun "$KIT/bin/mpirun"
+ln -s orterun "$KIT/bin/mpiexec"
+cp -rp "$OMPI_PKGDATA" "$KIT/share/openmpi"
+mkdir -p "$KIT/etc/openmpi"
+cp -p "$OMPI_SYSCONF"/openmpi-mca-params.conf "$KIT/etc/openmpi/"
+# Plugins that pull in fabric stacks (UCX, libfabric, PSM, verbs) stay out:
+# the kit runs on one node over shared memory, and their libraries would
+# cost megabytes.  OpenMPI skips components it does not find.
+HEAVY='libucp|libucs|libuct|libfabric|libpsm|libibverbs|librdmacm|libjvm|libmlx|libefa|libosm'
+left_out=()
+mkdir -p "$KIT/lib/openmpi3"
+for p in "$OMPI_PKGLIB"/*.so; do
+  deps=$(ldd "$p" 2>/dev/null || true)
+  if grep -Eq "$HEAVY|not found" <<<"$deps"; then
+    left_out+=("$(basename "$p")")
+    continue
+  fi
+  cp -p "$p" "$KIT/lib/openmpi3/"
+done
+# PMIx (OpenMPI's external runtime interface): plugins and help files in
+# its own prefix, relocated with PMIX_INSTALL_PREFIX.
+PMIX_LIB=$(ldd "$KIT/lib/openmpi3/mca_pmix_ext3x.so" 2>/dev/null | awk '/libpmix/ {print $3}')
+if [ -n "$PMIX_LIB" ]; then
+  PMIX_PREFIX=$(dirname "$(dirname "$(realpath "$PMIX_LIB")")")
+  mkdir -p "$KIT/pmix/lib" "$KIT/pmix/share"
+  [ -d "$PMIX_PREFIX/lib/pmix" ] && cp -rp "$PMIX_PREFIX/lib/pmix" "$KIT/pmix/lib/"
+  [ -d "$PMIX_PREFIX/share/pmix" ] && cp -rp "$PMIX_PREFIX/share/pmix" "$KIT/pmix/share/"
+fi
+# pybind11's headers (Debian's pybind11-dev), should the target's pip lack them.
+for d in /usr/include/pybind11; do [ -d "$d" ] && cp -rp "$d" "$KIT/include/"; done
+
+# Shared libraries: the closure ldd reports for everything packed so far,
+# minus what every CUDA/Ubuntu image has.
+BASE='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s)\.so'
+CUDA='^lib(cuda|cudart|cublas|cublasLt|nccl|cudnn[a-z_]*|nvidia-[a-z-]*|nvrtc|nvJitLink|cufft|curand|cusparse|cusolver)\.so'
+elfs=$(find "$KIT/build" "$KIT/bin" "$KIT/lib" "$KIT/pmix" -type f 2>/dev/null |
+       while read -r f; do is_elf "$f" && echo "$f"; done)
+missing=()
+for f in $elfs; do ldd "$f" 2>/dev/null || true; done |
+  awk '$2 == "=>" {print $1, $3}' | sort -u |
+while read -r name path; do
+  if [[ $name =~ $BASE || $name =~ $CUDA || $path == /usr/local/cuda* ]]; then continue; fi
+  case $name in libtutti.so*) continue ;; esac
+  if [ "$path" = "not" ]; then echo "MISSING $name"; continue; fi
+  [ -e "$KIT/lib/$name" ] || cp -L "$path" "$KIT/lib/$name"
+done > "$OUT/.kit_missing"
+if grep -q MISSING "$OUT/.kit_missing"; then
+  log "unresolved libraries (not packed):"; cat "$OUT/.kit_missing"
+fi
+
+# ---- 3. env.sh and KIT_INFO --------------------------------------------------
+cat > "$KIT/env.sh" <<'EOF'
+# Source with the repository copy's root: `. tutti-gpukit/env.sh /path/to/repo`.
+# Points PATH and LD_LIBRARY_PATH at this tree, relocates OpenMPI and PMIx,
+# and writes the ctest files with this machine's paths.
+KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+KIT_REPO=$(cd "${1:-$KIT/../..}" && pwd)
+export PATH=$KIT/bin:$PATH
+export LD_LIBRARY_PATH=$KIT/lib:$KIT/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OPAL_PREFIX=$KIT OPAL_EXEC_PREFIX=$KIT OPAL_BINDIR=$KIT/bin OPAL_SBINDIR=$KIT/bin
+export OPAL_LIBEXECDIR=$KIT/bin OPAL_LIBDIR=$KIT/lib OPAL_INCLUDEDIR=$KIT/include
+export OPAL_DATAROOTDIR=$KIT/share OPAL_DATADIR=$KIT/share OPAL_SYSCONFDIR=$KIT/etc/openmpi
+export OPAL_PKGDATADIR=$KIT/share/openmpi OPAL_PKGLIBDIR=$KIT/lib/openmpi3
+export OPAL_PKGINCLUDEDIR=$KIT/include
+export OMPI_MCA_mca_base_component_path=$KIT/lib/openmpi3
+export PMIX_INSTALL_PREFIX=$KIT/pmix PMIX_MCA_mca_base_component_path=$KIT/pmix/lib/pmix
+# Root in containers; oversubscription for np > cores on small machines.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# Containers often forbid the cross-process reads (CMA) of the shared-memory
+# transport's single-copy path; MPI only bootstraps NCCL here, so copy twice.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+find "$KIT/build" -name CTestTestfile.cmake | while read -r f; do
+  [ -f "$f.in" ] || cp "$f" "$f.in"
+  sed -e "s|@KIT_BUILD@|$KIT/build|g" -e "s|@REPO@|$KIT_REPO|g" \
+      -e "s|@KIT_BIN@|$KIT/bin|g" "$f.in" > "$f"
+done
+EOF
+{
+  echo "tutti GPU kit"
+  echo "built:    $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "commit:   $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty')"
+  echo "compiler: $(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt"), $(nvcc --version 2>/dev/null | tail -1)"
+  echo "cuda archs: $(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
+  echo "openmpi:  $(ompi_info 2>/dev/null | sed -n 's/^ *Open MPI: //p' | head -1)"
+  echo "left out (OpenMPI plugins needing fabric stacks): ${left_out[*]:-none}"
+  echo "unresolved on the build machine: $(grep -c MISSING "$OUT/.kit_missing" || true)"
+} > "$KIT/KIT_INFO"
+rm -f "$OUT/.kit_missing"
+log "tree: $KIT ($(du -sh "$KIT" | cut -f1), $(find "$KIT/build" -type f -perm -u+x | wc -l) executables, $(ls "$KIT/lib" | wc -l) libraries)"
+
+# ---- 4. the archive ----------------------------------------------------------
+[ $DO_ARCHIVE = 1 ] || exit 0
+ARCHIVE=$OUT/tutti-gpukit.tar.xz
+log "packing $ARCHIVE"
+tar -C "$OUT" -cf - tutti-gpukit | xz -T"$JOBS" -6 > "$ARCHIVE.tmp"
+mv "$ARCHIVE.tmp" "$ARCHIVE"
+size=$(stat -c %s "$ARCHIVE")
+log "bundle size: $size bytes ($((size / 1024 / 1024)) MiB of 64 MiB)"
+if [ "$size" -gt "$LIMIT" ]; then
+  echo "gpu_kit.sh: $ARCHIVE is $size bytes, over the 64 MiB a GPU run can carry" >&2
+  exit 2
+fi
+log "carry '.gpukit/tutti-gpukit.tar.xz' and run: bash scripts/gpu_check.sh"
