@@ -15,33 +15,10 @@ import tutti  # noqa: E402
 import tutti.torch as hvd  # noqa: E402
 
 import horovod_mlp  # noqa: E402
+from gpu_skip import gpu_skip_reason  # noqa: E402
 
 
-
-def _gpu_skip_reason():
-    """None when every rank has a CUDA device of its own on its node (NCCL
-    refuses two ranks on one GPU), else the reason to skip.  Every rank takes
-    the same decision from one all-reduce, so none is left waiting in a
-    collective that a skipping peer never joins."""
-    import numpy as np
-
-    tutti.init()
-    devices = (tutti.cuda_device_count()
-               if torch.cuda.is_available() and tutti.cuda_built() else 0)
-    local = tutti.local_size()
-    code = 2 if devices == 0 else (1 if devices < local else 0)
-    worst = np.array([code, max(0, local - devices)], dtype=np.int32)
-    tutti.world().allreduce(worst, op="max")
-    if worst[0] == 2:
-        return "no CUDA device (on some rank; torch %s, CUDA %s)" % (
-            torch.__version__, torch.version.cuda)
-    if worst[0] == 1:
-        return ("fewer CUDA devices than ranks on a node (%d short): the GPU "
-                "tests need one GPU per rank" % worst[1])
-    return None
-
-
-_reason = _gpu_skip_reason()
+_reason = gpu_skip_reason()
 if _reason:
     pytest.skip(_reason, allow_module_level=True)
 

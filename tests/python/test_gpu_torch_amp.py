@@ -4,13 +4,19 @@ the scale through a backoff.  Skipped ("no CUDA device") where there is none.
 """
 import pytest
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # e.g. a CPU-only venv without torch: nothing to run here
+    pytest.skip("no CUDA device: this Python has no torch", allow_module_level=True)
 
 import tutti  # noqa: E402
 import tutti.torch as hvd  # noqa: E402
 
-if not (torch.cuda.is_available() and tutti.cuda_built() and tutti.cuda_device_count() > 0):
-    pytest.skip("no CUDA device", allow_module_level=True)
+from gpu_skip import gpu_skip_reason  # noqa: E402
+
+_reason = gpu_skip_reason()
+if _reason:
+    pytest.skip(_reason, allow_module_level=True)
 
 pytestmark = pytest.mark.gpu
 
