@@ -1,5 +1,21 @@
-"""The module-level skip decision of the gpu-labelled Python suites."""
+"""The module-level skip decision of the gpu-labelled Python suites:
+``gpu_skip.require_gpus()`` at the top of a test_gpu*.py module, before it
+imports torch."""
+import pytest
+
 import tutti
+
+
+def require_gpus():
+    """Skips the calling module (every rank alike) unless torch is there and
+    every rank has a CUDA device of its own."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # e.g. a CPU-only venv without torch: nothing to run
+        pytest.skip("no CUDA device: this Python has no torch", allow_module_level=True)
+    reason = gpu_skip_reason()
+    if reason:
+        pytest.skip(reason, allow_module_level=True)
 
 
 def gpu_skip_reason():

@@ -4,19 +4,13 @@ the scale through a backoff.  Skipped ("no CUDA device") where there is none.
 """
 import pytest
 
-try:
-    import torch
-except ImportError:  # e.g. a CPU-only venv without torch: nothing to run here
-    pytest.skip("no CUDA device: this Python has no torch", allow_module_level=True)
+import gpu_skip  # noqa: E402
 
+gpu_skip.require_gpus()
+
+import torch  # noqa: E402
 import tutti  # noqa: E402
 import tutti.torch as hvd  # noqa: E402
-
-from gpu_skip import gpu_skip_reason  # noqa: E402
-
-_reason = gpu_skip_reason()
-if _reason:
-    pytest.skip(_reason, allow_module_level=True)
 
 pytestmark = pytest.mark.gpu
 
