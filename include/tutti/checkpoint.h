@@ -23,6 +23,9 @@
 //      from this instant the checkpoint exists;
 //   4. rank 0 replaces <dir>/latest the same way;
 //   5. only then are checkpoints beyond keep_last removed.
+// Each manifest names its parent (the checkpoint the job loaded or last
+// saved); retention counts and removes only the current timeline's
+// checkpoints, and never touches a history this job did not load or write.
 // A process killed at any instant leaves either the previous or the new
 // checkpoint loadable, never a mix: loading picks the newest directory whose
 // manifest and checksums verify and falls back, with a logged reason, to
@@ -83,6 +86,13 @@ struct LoadOptions {
   // error-feedback residuals after the world size changed).  Such tensors
   // keep their current contents, with a logged warning.
   std::vector<std::string> optional;
+  // true: the job resumes from the loaded checkpoint.  Complete checkpoints
+  // newer than it (they failed verification, or `step` asked for an older
+  // one) form an abandoned timeline: they are renamed abandoned-<name>
+  // before load returns, kept for inspection, and never loaded, counted by
+  // keep_last or removed by tutti.  false: a read-only load that changes
+  // nothing in the directory (evaluation, inspection).
+  bool resume = true;
 };
 
 struct LoadResult {

@@ -62,6 +62,11 @@ class CheckpointManager::Impl {
   void writer_loop();
   void persist(Job& job);
 
+  std::string parent_name() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return parent_;
+  }
+
   ProcessGroupPtr comm_;
   ckpt::CommitConfig cfg_;
   bool async_;
@@ -75,6 +80,9 @@ class CheckpointManager::Impl {
   std::exception_ptr error_;  // its failure, rethrown by wait()
   bool stop_ = false;
   SaveStats stats_;
+  // The checkpoint the state descends from: the last one loaded or saved
+  // ("" before either), the next manifest's parent.
+  std::string parent_;
   std::thread writer_;
 };
 
@@ -140,9 +148,11 @@ void CheckpointManager::Impl::writer_loop() {
 void CheckpointManager::Impl::persist(Job& job) {
   copier_.wait();  // CUDA copies landed in host memory
   ckpt::CommitTimes t;
-  ckpt::persist_and_commit(*comm_, cfg_, job.step, job.snap, job.metadata,
-                           job.components, &t);
+  const std::string parent = parent_name();
+  const std::string name = ckpt::persist_and_commit(*comm_, cfg_, job.step, parent, job.snap,
+                                                    job.metadata, job.components, &t);
   std::lock_guard<std::mutex> lock(mu_);
+  parent_ = name;
   stats_.write_s = t.write_s;
   stats_.commit_s = t.commit_s;
   stats_.direct_io = t.direct_io;
@@ -218,7 +228,12 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
 std::optional<LoadResult> CheckpointManager::Impl::load(const StateDict& state,
                                                        const LoadOptions& options) {
   wait();
-  return ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, options, pool_);
+  auto r = ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, options, pool_);
+  if (r && options.resume) {
+    std::lock_guard<std::mutex> lock(mu_);
+    parent_ = r->name;
+  }
+  return r;
 }
 
 // ---- public wrappers --------------------------------------------------------

@@ -59,7 +59,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 }  // namespace
 
 std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
-                               int64_t step, const Snapshot& snap,
+                               int64_t step, const std::string& parent,
+                               const Snapshot& snap,
                                const nlohmann::json& metadata,
                                const std::vector<std::string>& components,
                                CommitTimes* times) {
@@ -68,22 +69,40 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   Agreement agree(comm, cfg.timeout_s, what);
   const int rank = agree.rank(), world = agree.size();
 
-  // 0. The directory.
+  // 0. The directory.  A complete checkpoint ordered after this one is a
+  // history this job neither loaded nor wrote (another job, or a volume
+  // mounted after the load): refuse rather than publish beside it, and never
+  // rename or remove it.
   std::string prepare_error;
   int64_t suffix = -1;
   if (rank == 0) {
     try {
       suffix = choose_suffix(cfg.root, step);
-      make_dir(join_path(cfg.root, checkpoint_name(step, static_cast<int>(suffix))));
+      const std::string newer =
+          newer_complete(cfg.root, {checkpoint_name(step, static_cast<int>(suffix)), step,
+                                    static_cast<int>(suffix), false});
+      if (!newer.empty()) {
+        suffix = -2;
+        prepare_error = detail::cat(
+            "'", cfg.root, "' holds ", newer,
+            ", newer than this save, which this job did not load or write (another "
+            "job uses the directory, or its volume was mounted after the job "
+            "started); it is left untouched: load it, or use another directory");
+      } else {
+        make_dir(join_path(cfg.root, checkpoint_name(step, static_cast<int>(suffix))));
+      }
     } catch (const Error& e) {
       prepare_error = e.message();
       suffix = -1;
     }
   }
   suffix = agree.broadcast(suffix, 0, "choosing the directory");
-  if (suffix < 0)
+  if (suffix < 0) {
+    prepare_error = agree.broadcast(prepare_error, 0, "choosing the directory");
+    if (suffix == -2) TUTTI_THROW(kInvalidArgument, what, " not saved: ", prepare_error);
     TUTTI_THROW(kIo, what, " not saved: rank 0 could not prepare the directory in '",
                 cfg.root, "'", prepare_error.empty() ? "" : ": ", prepare_error);
+  }
   const std::string name = checkpoint_name(step, static_cast<int>(suffix));
   const std::string dir = join_path(cfg.root, name);
 
@@ -130,14 +149,10 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   std::string commit_error;
   if (rank == 0) {
     try {
-      CatalogEntry me;
-      me.name = name;
-      me.step = step;
-      me.suffix = static_cast<int>(suffix);
-      set_aside_newer(cfg.root, me);
       Manifest m;
       m.name = name;
       m.step = step;
+      m.parent = parent;
       m.world_size = world;
       m.mesh = cfg.mesh;
       m.created = utc_now();

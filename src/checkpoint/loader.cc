@@ -6,6 +6,7 @@
 #include "checkpoint/catalog.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/load_plan.h"
+#include "checkpoint/retention.h"
 #include "checkpoint/shard_reader.h"
 #include "checkpoint/untrusted_json.h"
 #include "core/check.h"
@@ -47,6 +48,27 @@ std::string ranks_with(const std::vector<int64_t>& st, int64_t value) {
   for (size_t r = 0; r < st.size(); ++r)
     if (st[r] == value) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return s;
+}
+
+// The job resumes from `name`: rank 0 sets newer complete checkpoints aside
+// (retention.h) before any rank returns, so that neither a later fallback
+// nor a restart before the next save returns to the abandoned timeline.
+void abandon_after(Agreement& agree, const std::string& root, const std::string& name) {
+  std::string error;
+  if (agree.rank() == 0) {
+    try {
+      CatalogEntry me;
+      me.name = name;
+      parse_checkpoint_name(name, &me.step, &me.suffix);
+      abandon_newer(root, me);
+    } catch (const Error& e) {
+      error = e.message();
+    }
+  }
+  error = agree.broadcast(error, 0, "setting an abandoned timeline aside");
+  if (!error.empty())
+    TUTTI_THROW(kIo, "checkpoint ", name, " was loaded, but rank 0 could not set the newer "
+                "checkpoints of the abandoned timeline aside: ", error);
 }
 
 }  // namespace
@@ -117,6 +139,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
     }
     const std::string rejecting = ranks_with(st, kRejected);
     if (rejecting.empty()) {
+      if (options.resume) abandon_after(agree, root, name);
       LoadResult r;
       r.step = ckpt.manifest.step;
       r.name = name;

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 
+#include "checkpoint/catalog.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/untrusted_json.h"
 #include "core/check.h"
 
@@ -33,6 +36,7 @@ std::string manifest_to_json(const Manifest& m) {
             {"version", 1},
             {"name", m.name},
             {"step", m.step},
+            {"parent", m.parent},
             {"world_size", m.world_size},
             {"mesh", m.mesh},
             {"created", m.created},
@@ -52,6 +56,14 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   Manifest m;
   m.name = json_string(j, "name", path);
   m.step = json_int(j, "step", path);
+  if (j.contains("parent")) {
+    m.parent = json_string(j, "parent", path);
+    int64_t ps;
+    int pf;
+    if (!m.parent.empty() && !parse_checkpoint_name(m.parent, &ps, &pf))
+      TUTTI_THROW(kCorrupt, "'", path, "': parent '", m.parent,
+                  "' is not a checkpoint name");
+  }
   const int64_t world = json_int(j, "world_size", path);
   if (m.step < 0 || world < 1 || world > (1 << 24))
     TUTTI_THROW(kCorrupt, "'", path, "': step ", m.step, " / world size ", world,
@@ -93,6 +105,11 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     m.shards.push_back(s);
   }
   return m;
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = join_path(dir, kManifestName);
+  return parse_manifest(read_file(path, max_header_bytes()), path);
 }
 
 json parse_user_metadata(const std::string& text) {

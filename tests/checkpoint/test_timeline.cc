@@ -1,0 +1,113 @@
+// Checkpoint timelines and the directory's history on 1-3 ranks: rollback
+// on a fixed save grid, a history this job did not write, the manifest's
+// own checksum, the directory lock and file permissions.
+#include <gtest/gtest.h>
+
+#include "checkpoint/catalog.h"
+#include "checkpoint/file_util.h"
+#include "ckpt_test_util.h"
+#include "common/test_util.h"
+
+namespace tutti {
+namespace {
+
+using test::Blob;
+using test::ScratchDir;
+
+uint64_t seed(int64_t step, int rank) { return static_cast<uint64_t>(step) * 100 + rank; }
+
+CheckpointOptions opts(const std::string& dir, int keep = 2) {
+  CheckpointOptions o;
+  o.dir = dir;
+  o.keep_last = keep;
+  o.timeout_s = 20;
+  return o;
+}
+
+void save_steps(CheckpointManager& m, Blob& a, std::initializer_list<int64_t> steps) {
+  const int rank = world()->rank();
+  for (int64_t s : steps) {
+    a.fill(seed(s, rank));
+    m.save(s, {{"a", &a}});
+  }
+  m.wait();
+  world()->barrier();
+}
+
+std::string shard(const std::string& dir, int rank) {
+  return dir + "/" + "rank-0000" + std::to_string(rank) + ".safetensors";
+}
+
+// Saves every 10 steps, keep_last 2.  Step 30 is corrupt, the job resumes
+// from 20 and saves 30 again: the abandoned step 30 must neither count
+// toward keep_last (which would delete the rollback point 20) nor be loaded
+// when the new step 30 fails in turn.
+TEST(CheckpointTimeline, RollbackOnAFixedGridNeverReturnsToTheAbandonedTimeline) {
+  auto w = world();
+  const int rank = w->rank();
+  ScratchDir tmp(w);
+  Blob a({40});
+  {
+    CheckpointManager m(w, opts(tmp.path()));
+    save_steps(m, a, {10, 20, 30});
+  }
+  if (rank == 0) test::flip_bit(shard(tmp.sub("step-00000030"), 0), -2);
+  w->barrier();
+  CheckpointManager m(w, opts(tmp.path()));
+  a.fill(0);
+  ASSERT_EQ(m.load_latest({{"a", &a}}).value_or(-1), 20);
+  EXPECT_TRUE(a.holds(seed(20, rank)));
+  w->barrier();
+  EXPECT_TRUE(test::exists(tmp.sub("abandoned-step-00000030/manifest.json")))
+      << "the abandoned checkpoint is kept for inspection";
+  a.fill(seed(31, rank));  // the new timeline's step 30 holds other values
+  m.save(30, {{"a", &a}});
+  m.wait();
+  w->barrier();
+  EXPECT_EQ(test::complete_checkpoints(tmp.path()),
+            (std::vector<std::string>{"step-00000020", "step-00000030"}))
+      << "keep_last counts only this timeline";
+  if (rank == 0) test::flip_bit(shard(tmp.sub("step-00000030"), 0), -2);
+  w->barrier();
+  a.fill(0);
+  auto r = m.load({{"a", &a}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->name, "step-00000020") << "fell back along this timeline";
+  EXPECT_TRUE(a.holds(seed(20, rank)));
+}
+
+// An explicit rollback (LoadOptions::step) abandons the newer checkpoints at
+// once: a restart before the first save does not jump forward again.
+TEST(CheckpointTimeline, ExplicitRollbackAbandonsNewerCheckpointsAtLoad) {
+  auto w = world();
+  const int rank = w->rank();
+  ScratchDir tmp(w);
+  Blob a({8});
+  CheckpointManager m(w, opts(tmp.path(), 5));
+  save_steps(m, a, {10, 20, 30});
+  LoadOptions lo;
+  lo.step = 10;
+  ASSERT_EQ(m.load({{"a", &a}}, lo)->step, 10);
+  w->barrier();
+  EXPECT_EQ(test::complete_checkpoints(tmp.path()), (std::vector<std::string>{"step-00000010"}));
+  EXPECT_TRUE(test::exists(tmp.sub("abandoned-step-00000020/manifest.json")));
+  EXPECT_TRUE(test::exists(tmp.sub("abandoned-step-00000030/manifest.json")));
+  a.fill(0);
+  EXPECT_EQ(m.load_latest({{"a", &a}}).value_or(-1), 10);
+  EXPECT_TRUE(a.holds(seed(10, rank)));
+  // A read-only load abandons nothing.
+  save_steps(m, a, {20});
+  lo.resume = false;
+  ASSERT_EQ(m.load({{"a", &a}}, lo)->step, 10);
+  w->barrier();
+  EXPECT_EQ(test::complete_checkpoints(tmp.path()),
+            (std::vector<std::string>{"step-00000010", "step-00000020"}));
+  // The same step abandoned twice keeps both copies.
+  lo.resume = true;
+  ASSERT_EQ(m.load({{"a", &a}}, lo)->step, 10);
+  w->barrier();
+  EXPECT_TRUE(test::exists(tmp.sub("abandoned-step-00000020-2/manifest.json")));
+}
+
+}  // namespace
+}  // namespace tutti
