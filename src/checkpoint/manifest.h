@@ -2,14 +2,20 @@
 // the atomic rename) is what makes a checkpoint directory complete; rank 0
 // writes it only after every rank reported a durable shard.
 //
-//   {"format": "tutti-checkpoint", "version": 1, "name": "step-00000020",
+//   {"format": "tutti-checkpoint", "version": 2, "name": "step-00000020",
 //    "step": 20, "parent": "step-00000010", "world_size": 2, "mesh": {...},
 //    "created": "...Z",
 //    "shards": [{"rank": 0, "file": "rank-00000.safetensors", "bytes": 4242,
 //                "header_xxh64": "<16 hex>", "tensors": 7,
 //                "data_bytes": 4096}, ...],
 //    "components": ["model", "optimizer", ...],
-//    "metadata": {... the caller's non-tensor state: RNG, data position ...}}
+//    "metadata": {... the caller's non-tensor state: RNG, data position ...},
+//    "manifest_xxh64": "<16 hex>"}
+//
+// manifest_xxh64 is XXH64 of the canonical dump of everything else (see
+// manifest.cc): the RNG state, data position and hyperparameters in the
+// metadata are verified like the shards.  Version 1 manifests (no checksum,
+// no parent) are still read.
 //
 // "parent" names the checkpoint whose state this one continues (the one
 // the job loaded, or its previous save; "" after a fresh start): the chain

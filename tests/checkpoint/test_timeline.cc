@@ -109,5 +109,49 @@ TEST(CheckpointTimeline, ExplicitRollbackAbandonsNewerCheckpointsAtLoad) {
   EXPECT_TRUE(test::exists(tmp.sub("abandoned-step-00000020-2/manifest.json")));
 }
 
+// The manifest carries the RNG state, the data position and optimizer
+// hyperparameters: a bit flip that keeps it valid JSON (a digit of the data
+// position, a letter of a string) must fail verification like a bad shard.
+TEST(CheckpointManifest, AValidJsonBitFlipFallsBackToThePreviousCheckpoint) {
+  auto w = world();
+  const int rank = w->rank();
+  struct Case {
+    const char* name;
+    const char* needle;  // flip bit 0 of the byte after it
+  } cases[] = {{"data position digit", "\"position\": 1"},
+               {"rng string", "\"rng\": \"a"},
+               {"shard tensor count", "\"tensors\": "}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    ScratchDir tmp(w);
+    Blob a({16});
+    CheckpointManager m(w, opts(tmp.path(), 3));
+    for (int64_t s : {1, 2}) {
+      a.fill(seed(s, rank));
+      m.save(s, {{"a", &a}},
+             R"({"rng": "abc", "position": 12345, "lr": 0.001, "step": )" + std::to_string(s) +
+                 "}");
+    }
+    m.wait();
+    w->barrier();
+    if (rank == 0) {
+      const std::string path = tmp.sub("step-00000002/manifest.json");
+      std::string text = test::read_text(path);
+      const size_t at = text.find(c.needle);
+      ASSERT_NE(at, std::string::npos) << text;
+      text[at + std::string(c.needle).size()] ^= 0x01;  // '2' -> '3', 'b' -> 'c'
+      test::write_text(path, text);
+      EXPECT_NE(verify_checkpoint(tmp.sub("step-00000002")), "");
+    }
+    w->barrier();
+    a.fill(0);
+    auto r = m.load({{"a", &a}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->step, 1);
+    EXPECT_NE(r->metadata_json.find("\"step\":1"), std::string::npos) << r->metadata_json;
+    EXPECT_TRUE(a.holds(seed(1, rank)));
+  }
+}
+
 }  // namespace
 }  // namespace tutti
