@@ -32,7 +32,10 @@
 // older ones.
 //
 // The directory must be visible to every rank (a shared or a single-node
-// file system), and one job at a time may use it.
+// file system), and one job at a time may use it: rank 0 holds an flock on
+// <dir>/tutti.lock (owner host, pid and job id inside) while a manager
+// exists; a second job's manager raises kInvalidArgument naming the owner.
+// The kernel releases the lock when the owner dies.
 #pragma once
 
 #include <cstdint>
@@ -125,7 +128,9 @@ class TUTTI_API CheckpointManager {
  public:
   // Collective over `group` (it creates a private communicator, so the
   // writer thread's collectives never interleave with the caller's).
-  // Throws kInvalidArgument when no directory is configured.
+  // Creates the directory and takes its lock (rank 0).  Throws
+  // kInvalidArgument on every rank when no directory is configured or
+  // another job holds the lock (the message names that job, host and pid).
   CheckpointManager(ProcessGroupPtr group, CheckpointOptions options = {});
   // Waits for an in-flight save; its error, if any, is logged (call wait()
   // first to handle it).  Destroy the manager before tutti::shutdown().

@@ -18,6 +18,7 @@
 #include "checkpoint/agreement.h"
 #include "checkpoint/catalog.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/dir_lock.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/loader.h"
 #include "checkpoint/manifest.h"
@@ -83,6 +84,7 @@ class CheckpointManager::Impl {
   // The checkpoint the state descends from: the last one loaded or saved
   // ("" before either), the next manifest's parent.
   std::string parent_;
+  std::shared_ptr<ckpt::DirLock> lock_;  // rank 0 only
   std::thread writer_;
 };
 
@@ -104,6 +106,21 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
                   ? nlohmann::json{{"world_size", group->size()}}
                   : ckpt::parse_user_metadata(o.mesh_json);
   comm_ = group->split_group(0, group->rank(), group->name() + "/checkpoint");
+  // Rank 0 holds the directory lock for the job; every rank learns the
+  // outcome, so a second job fails on all its ranks naming the owner.
+  std::string lock_error;
+  if (comm_->rank() == 0) {
+    try {
+      lock_ = ckpt::DirLock::acquire(cfg_.root, ckpt::default_job_id());
+    } catch (const Error& e) {
+      lock_error = e.message();
+    }
+  }
+  lock_error = ckpt::Agreement(*comm_, cfg_.timeout_s, "checkpoint directory lock")
+                   .broadcast(lock_error, 0, "locking the directory");
+  if (!lock_error.empty())
+    TUTTI_THROW(kInvalidArgument, "CheckpointManager: ",
+                comm_->rank() == 0 ? "" : "rank 0 reports: ", lock_error);
   if (async_) writer_ = std::thread([this] { writer_loop(); });
 }
 

@@ -25,15 +25,6 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // Rank 0: the first of step-N, step-N.1, ... that is free or incomplete
 // (an incomplete one is a leftover of an interrupted save: removed).
 int choose_suffix(const std::string& root, int64_t step) {

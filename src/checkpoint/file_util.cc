@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "checkpoint/fault_inject.h"
 #include "core/check.h"
@@ -133,6 +134,15 @@ void File::close() {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) io_error("closing", path_, errno);
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 std::string join_path(const std::string& dir, const std::string& name) {

@@ -56,6 +56,9 @@ class File {
   std::string path_;
 };
 
+// "2026-01-31T12:00:00Z"
+std::string utc_now();
+
 std::string join_path(const std::string& dir, const std::string& name);
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);

@@ -73,6 +73,10 @@ const std::vector<SettingInfo> kSettings = {
      "Seconds a rank waits for the others while agreeing on a checkpoint save "
      "or load (a rank that failed makes every rank raise at once; this bounds "
      "a rank that hangs or died); 0 uses TUTTI_TIMEOUT."},
+    {"TUTTI_JOB_ID", "string", "",
+     "The job's name in a checkpoint directory's lock file (tutti.lock), "
+     "which a second job on the directory reports; empty: SLURM_JOB_ID, else "
+     "<host>:<pid> of rank 0."},
     {"TUTTI_FAULT_INJECT", "string", "",
      "Testing only: <point>[:rank=R][:hit=K][:action=kill|fail|stall], "
      "comma-separated; kills this rank with SIGKILL (or fails or stalls it) "

@@ -2,8 +2,14 @@
 // on a fixed save grid, a history this job did not write, the manifest's
 // own checksum, the directory lock and file permissions.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include "checkpoint/catalog.h"
+#include "checkpoint/dir_lock.h"
 #include "checkpoint/file_util.h"
 #include "ckpt_test_util.h"
 #include "common/test_util.h"
@@ -151,6 +157,82 @@ TEST(CheckpointManifest, AValidJsonBitFlipFallsBackToThePreviousCheckpoint) {
     EXPECT_NE(r->metadata_json.find("\"step\":1"), std::string::npos) << r->metadata_json;
     EXPECT_TRUE(a.holds(seed(1, rank)));
   }
+}
+
+// Runs `fn` in a forked child (file operations only, no MPI) and returns
+// what it wrote to the pipe.
+template <class Fn>
+std::string in_child(Fn fn, pid_t* pid_out = nullptr, bool wait_for_exit = true) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    const std::string out = fn();
+    if (::write(fds[1], out.data(), out.size()) < 0) _exit(2);
+    ::close(fds[1]);
+    if (!wait_for_exit) for (;;) ::pause();
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[4096];
+  ssize_t n;
+  // The child writes once and then exits or pauses: read that one message.
+  if ((n = ::read(fds[0], buf, sizeof(buf))) > 0) got.assign(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  if (pid_out) *pid_out = pid;
+  if (wait_for_exit) ::waitpid(pid, nullptr, 0);
+  return got;
+}
+
+// A second job on the same directory refuses, naming the owner; a lock
+// whose owner died (SIGKILL) is taken over.
+TEST(CheckpointLock, ASecondJobRefusesAndADeadOwnersLockIsTakenOver) {
+  auto w = world();
+  ScratchDir tmp(w);
+  if (w->rank() == 0) {
+    const std::string root = tmp.sub("ckpt");
+    {
+      auto lock = ckpt::DirLock::acquire(root, "job-a");
+      EXPECT_FALSE(lock->existed_before());
+      const std::string err = in_child([&]() -> std::string {
+        try {
+          ckpt::DirLock::acquire(root, "job-b");
+          return "acquired";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      });
+      EXPECT_NE(err.find("in use by job 'job-a'"), std::string::npos) << err;
+      EXPECT_NE(err.find("pid " + std::to_string(::getpid())), std::string::npos) << err;
+      EXPECT_NE(err.find(root), std::string::npos) << err;
+      // The same process (another manager of the same job) shares the lock.
+      auto again = ckpt::DirLock::acquire(root, "job-a");
+      EXPECT_EQ(again.get(), lock.get());
+    }
+    // The owner is SIGKILLed while holding the lock: the next job takes it.
+    pid_t child = 0;
+    const std::string held = in_child(
+        [&]() -> std::string {
+          try {
+            static auto keep = ckpt::DirLock::acquire(root, "job-c");
+            return "held";
+          } catch (const Error& e) {
+            return e.what();
+          }
+        },
+        &child, /*wait_for_exit=*/false);
+    ASSERT_EQ(held, "held");
+    EXPECT_THROW(ckpt::DirLock::acquire(root, "job-d"), Error) << "job-c still runs";
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    auto lock = ckpt::DirLock::acquire(root, "job-d");
+    EXPECT_TRUE(lock->existed_before());
+    EXPECT_NE(test::read_text(root + "/tutti.lock").find("\"job\": \"job-d\""),
+              std::string::npos);
+  }
+  w->barrier();
 }
 
 }  // namespace
