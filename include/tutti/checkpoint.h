@@ -53,6 +53,17 @@ namespace tutti {
 // Named components: tensor "<component>/<tensor name>" in the checkpoint.
 using Components = std::vector<std::pair<std::string, Stateful*>>;
 
+// What a load that finds no complete checkpoint does (see load_latest).
+enum class FreshStart {
+  kFromSetting,  // TUTTI_CKPT_FRESH_START: auto, allow or refuse
+  kAuto,    // start fresh unless a history is expected: the directory has a
+            // `latest` pointer or abandoned checkpoints, or tutti-run
+            // restarted the job (TUTTI_RESTART_COUNT > 0) and no earlier
+            // job used this directory (no tutti.lock before this one)
+  kAllow,   // always start fresh (logged at WARN when a history was expected)
+  kRefuse,  // never: the job must resume
+};
+
 struct CheckpointOptions {
   // Checkpoint directory, created if missing.  Empty: TUTTI_CKPT_DIR.
   std::string dir;
@@ -78,6 +89,10 @@ struct CheckpointOptions {
   // The snapshot copies wait for it and the stream waits for the copies,
   // without blocking the host.  nullptr: the legacy default stream.
   void* cuda_stream = nullptr;
+  // An empty directory where a history is expected (a volume mounted after
+  // the job started, a wrong path) must not silently restart training from
+  // step 0.
+  FreshStart fresh_start = FreshStart::kFromSetting;
 };
 
 struct LoadOptions {
@@ -163,7 +178,9 @@ class TUTTI_API CheckpointManager {
   // when the group size or a tensor's split changed.  Returns its step, or
   // nullopt when the directory holds no complete checkpoint (the tensors
   // are untouched).  A checkpoint that fails verification is skipped with a
-  // logged reason; if none verifies, Error(kCorrupt).  A checkpoint that
+  // logged reason; if none verifies, Error(kCorrupt).  No complete
+  // checkpoint where a history is expected (CheckpointOptions::fresh_start)
+  // is Error(kNotFound) on every rank, naming the reason.  A checkpoint that
   // does not fit the state (missing tensor, other dtype or global shape) is
   // Error(kMismatch) on every rank.
   std::optional<int64_t> load_latest(const Components& components,

@@ -85,6 +85,7 @@ class CheckpointManager::Impl {
   // ("" before either), the next manifest's parent.
   std::string parent_;
   std::shared_ptr<ckpt::DirLock> lock_;  // rank 0 only
+  ckpt::FreshStartRule fresh_;
   std::thread writer_;
 };
 
@@ -121,6 +122,7 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
   if (!lock_error.empty())
     TUTTI_THROW(kInvalidArgument, "CheckpointManager: ",
                 comm_->rank() == 0 ? "" : "rank 0 reports: ", lock_error);
+  fresh_ = ckpt::make_fresh_start_rule(o.fresh_start, lock_ && lock_->existed_before());
   if (async_) writer_ = std::thread([this] { writer_loop(); });
 }
 
@@ -245,7 +247,8 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
 std::optional<LoadResult> CheckpointManager::Impl::load(const StateDict& state,
                                                        const LoadOptions& options) {
   wait();
-  auto r = ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, options, pool_);
+  auto r = ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, options, fresh_,
+                                 pool_);
   if (r && options.resume) {
     std::lock_guard<std::mutex> lock(mu_);
     parent_ = r->name;

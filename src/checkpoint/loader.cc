@@ -4,12 +4,14 @@
 
 #include "checkpoint/agreement.h"
 #include "checkpoint/catalog.h"
+#include "checkpoint/dir_lock.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/load_plan.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/shard_reader.h"
 #include "checkpoint/untrusted_json.h"
 #include "core/check.h"
+#include "tutti/config.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -20,9 +22,11 @@ using json = nlohmann::json;
 
 enum Status : int64_t { kOk = 0, kRejected = 1, kDoesNotFit = 2 };
 
-// Rank 0's view of the directory: complete checkpoints, newest first.
-std::string list_candidates(const std::string& root, int64_t step) {
-  json out = {{"names", json::array()}, {"error", ""}};
+// Rank 0's view of the directory: complete checkpoints, newest first, and
+// whether an empty result may start fresh.
+std::string list_candidates(const std::string& root, int64_t step,
+                            const FreshStartRule& fresh) {
+  json out = {{"names", json::array()}, {"error", ""}, {"fresh_refusal", ""}};
   try {
     auto all = scan_catalog(root);
     std::string newest;
@@ -37,6 +41,7 @@ std::string list_candidates(const std::string& root, int64_t step) {
                        << (latest.empty() ? "nothing" : latest) << " but " << newest
                        << " is the newest complete checkpoint (a save was "
                           "interrupted between its manifest and the pointer)";
+    if (step < 0 && out["names"].empty()) out["fresh_refusal"] = fresh_start_refusal(root, fresh);
   } catch (const Error& e) {
     out["error"] = e.message();
   }
@@ -73,14 +78,59 @@ void abandon_after(Agreement& agree, const std::string& root, const std::string&
 
 }  // namespace
 
+FreshStartRule make_fresh_start_rule(FreshStart requested, bool dir_used_before) {
+  FreshStartRule r;
+  r.dir_used_before = dir_used_before;
+  r.restart_count = config::get_int("TUTTI_RESTART_COUNT");
+  r.policy = requested;
+  r.source = "CheckpointOptions::fresh_start";
+  if (requested == FreshStart::kFromSetting) {
+    const std::string v = config::get_string("TUTTI_CKPT_FRESH_START");
+    r.source = "TUTTI_CKPT_FRESH_START=" + v;
+    if (v == "auto") r.policy = FreshStart::kAuto;
+    else if (v == "allow") r.policy = FreshStart::kAllow;
+    else if (v == "refuse") r.policy = FreshStart::kRefuse;
+    else TUTTI_THROW(kInvalidArgument, "TUTTI_CKPT_FRESH_START='", v,
+                     "' (expected auto, allow or refuse)");
+  }
+  return r;
+}
+
+std::string fresh_start_refusal(const std::string& root, const FreshStartRule& rule) {
+  if (rule.policy == FreshStart::kRefuse)
+    return rule.source == "CheckpointOptions::fresh_start"
+               ? "fresh_start is kRefuse (the job must resume)"
+               : rule.source + " (the job must resume)";
+  std::vector<std::string> why;
+  const std::string latest = read_latest(root);
+  if (!latest.empty()) why.push_back("'latest' names " + latest);
+  if (is_directory(root))
+    for (const auto& n : list_dir(root))
+      if (n.compare(0, 10, "abandoned-") == 0 || n.compare(0, 6, "stale-") == 0) {
+        why.push_back("it holds " + n);
+        break;
+      }
+  if (rule.restart_count > 0 && !rule.dir_used_before)
+    why.push_back(detail::cat("this is restart ", rule.restart_count,
+                              " (TUTTI_RESTART_COUNT) but no earlier run used the directory "
+                              "(it had no ", kLockName, ")"));
+  std::string all;
+  for (const auto& w : why) all += (all.empty() ? "" : "; ") + w;
+  if (all.empty() || rule.policy == FreshStart::kAuto) return all;
+  TUTTI_LOG(kWarn) << "no complete checkpoint in '" << root << "' although " << all
+                   << ": starting fresh as " << rule.source << " allows";
+  return "";
+}
+
 std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string& root,
                                           double timeout_s, const StateDict& dst,
                                           const LoadOptions& options,
+                                          const FreshStartRule& fresh,
                                           HostBufferPool& pool) {
   Agreement agree(comm, timeout_s, "checkpoint load from '" + root + "'");
   const int rank = agree.rank(), world = agree.size();
   std::string listing =
-      agree.broadcast(rank == 0 ? list_candidates(root, options.step) : std::string(),
+      agree.broadcast(rank == 0 ? list_candidates(root, options.step, fresh) : std::string(),
                       0, "listing checkpoints");
   const json list = parse_untrusted_json(listing, 3, "checkpoint listing");
   if (!list["error"].get<std::string>().empty())
@@ -90,6 +140,13 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
     if (options.step >= 0)
       TUTTI_THROW(kNotFound, "no complete checkpoint of step ", options.step,
                   " in '", root, "'");
+    const std::string refusal = list["fresh_refusal"].get<std::string>();
+    if (!refusal.empty())
+      TUTTI_THROW(kNotFound, "no complete checkpoint in '", root,
+                  "', but a history was expected: ", refusal,
+                  ". Is the volume mounted, is this the right directory? To start "
+                  "from scratch anyway set CheckpointOptions::fresh_start = "
+                  "FreshStart::kAllow or TUTTI_CKPT_FRESH_START=allow");
     TUTTI_LOG(kInfo) << "no complete checkpoint in '" << root << "': starting fresh";
     return std::nullopt;
   }

@@ -73,6 +73,15 @@ const std::vector<SettingInfo> kSettings = {
      "Seconds a rank waits for the others while agreeing on a checkpoint save "
      "or load (a rank that failed makes every rank raise at once; this bounds "
      "a rank that hangs or died); 0 uses TUTTI_TIMEOUT."},
+    {"TUTTI_CKPT_FRESH_START", "string", "auto",
+     "What a checkpoint load that finds no complete checkpoint does: auto "
+     "(start fresh unless a history is expected: a 'latest' pointer or "
+     "abandoned checkpoints in the directory, or a tutti-run restart in a "
+     "directory no job used before), allow (always start fresh) or refuse "
+     "(an error: the job must resume)."},
+    {"TUTTI_RESTART_COUNT", "int", "0",
+     "Set by tutti-run: how many times it restarted the job (0 on the first "
+     "run)."},
     {"TUTTI_JOB_ID", "string", "",
      "The job's name in a checkpoint directory's lock file (tutti.lock), "
      "which a second job on the directory reports; empty: SLURM_JOB_ID, else "

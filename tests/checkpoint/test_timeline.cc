@@ -10,6 +10,7 @@
 
 #include "checkpoint/catalog.h"
 #include "checkpoint/dir_lock.h"
+#include "tutti/config.h"
 #include "checkpoint/file_util.h"
 #include "ckpt_test_util.h"
 #include "common/test_util.h"
@@ -157,6 +158,114 @@ TEST(CheckpointManifest, AValidJsonBitFlipFallsBackToThePreviousCheckpoint) {
     EXPECT_NE(r->metadata_json.find("\"step\":1"), std::string::npos) << r->metadata_json;
     EXPECT_TRUE(a.holds(seed(1, rank)));
   }
+}
+
+void set_restart_count(const char* v) {
+  if (v) setenv("TUTTI_RESTART_COUNT", v, 1);
+  else unsetenv("TUTTI_RESTART_COUNT");
+  config::reload();
+}
+
+::testing::AssertionResult refuses_fresh_start(CheckpointManager& m, Blob& a,
+                                               const std::string& why) {
+  try {
+    m.load_latest({{"a", &a}});
+    return ::testing::AssertionFailure() << "started fresh";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (e.code() != ErrorCode::kNotFound || msg.find("history was expected") == std::string::npos ||
+        msg.find(why) == std::string::npos || msg.find(m.dir()) == std::string::npos)
+      return ::testing::AssertionFailure() << msg;
+    return ::testing::AssertionSuccess();
+  }
+}
+
+// An empty directory where a history is expected (a restart whose volume is
+// not mounted yet) is an error unless a fresh start is asked for; a first
+// launch, or a restart that crashed before its first save, starts fresh.
+TEST(CheckpointFreshStart, AnEmptyDirectoryWhereAHistoryIsExpectedIsAnError) {
+  auto w = world();
+  ScratchDir tmp(w);
+  Blob a({5});
+  a.fill(7);
+  set_restart_count("1");
+  {
+    CheckpointManager m(w, opts(tmp.sub("unmounted")));
+    EXPECT_TRUE(refuses_fresh_start(m, a, "restart 1"));
+    EXPECT_TRUE(a.holds(7));
+  }
+  {
+    CheckpointOptions o = opts(tmp.sub("unmounted2"));
+    o.fresh_start = FreshStart::kAllow;
+    CheckpointManager m(w, o);
+    EXPECT_FALSE(m.load_latest({{"a", &a}}).has_value());
+  }
+  {
+    // The first attempt ran here (its lock file is left) and died before
+    // its first save: the restart starts fresh.
+    { CheckpointManager first(w, opts(tmp.sub("crashed-early"))); }
+    CheckpointManager m(w, opts(tmp.sub("crashed-early")));
+    EXPECT_FALSE(m.load_latest({{"a", &a}}).has_value());
+  }
+  set_restart_count(nullptr);
+  {
+    // A `latest` pointer without checkpoints is a history that vanished.
+    if (w->rank() == 0) {
+      ckpt::make_dirs(tmp.sub("vanished"));
+      test::write_text(tmp.sub("vanished/latest"), "step-00000040\n");
+    }
+    w->barrier();
+    CheckpointManager m(w, opts(tmp.sub("vanished")));
+    EXPECT_TRUE(refuses_fresh_start(m, a, "'latest' names step-00000040"));
+  }
+  {
+    CheckpointOptions o = opts(tmp.sub("must-resume"));
+    o.fresh_start = FreshStart::kRefuse;
+    CheckpointManager m(w, o);
+    EXPECT_TRUE(refuses_fresh_start(m, a, "fresh_start is kRefuse"));
+  }
+  setenv("TUTTI_CKPT_FRESH_START", "refuse", 1);
+  config::reload();
+  {
+    CheckpointManager m(w, opts(tmp.sub("must-resume-env")));
+    EXPECT_TRUE(refuses_fresh_start(m, a, "TUTTI_CKPT_FRESH_START"));
+  }
+  unsetenv("TUTTI_CKPT_FRESH_START");
+  config::reload();
+}
+
+// The volume is mounted after the job started fresh: its first save must
+// neither rename nor remove the history it did not write, and says why.
+TEST(CheckpointFreshStart, AHistoryThatAppearsLaterIsNeverTouched) {
+  auto w = world();
+  const int rank = w->rank();
+  ScratchDir tmp(w);
+  Blob a({5});
+  {
+    CheckpointManager old(w, opts(tmp.sub("volume"), 5));
+    save_steps(old, a, {100, 200});
+  }
+  CheckpointManager m(w, opts(tmp.sub("mountpoint"), 1));
+  ASSERT_FALSE(m.load_latest({{"a", &a}}).has_value());  // first launch: fresh
+  if (rank == 0)
+    for (const char* d : {"step-00000100", "step-00000200"})
+      ckpt::rename_path(tmp.sub("volume/") + d, tmp.sub("mountpoint/") + d);
+  w->barrier();
+  a.fill(seed(10, rank));
+  try {
+    m.save(10, {{"a", &a}});
+    m.wait();
+    ADD_FAILURE() << "saved beside a history it did not load";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds step-00000200"), std::string::npos) << e.what();
+  }
+  w->barrier();
+  EXPECT_EQ(test::complete_checkpoints(tmp.sub("mountpoint")),
+            (std::vector<std::string>{"step-00000100", "step-00000200"}));
+  a.fill(0);
+  EXPECT_EQ(m.load_latest({{"a", &a}}).value_or(-1), 200) << "the history is intact";
+  EXPECT_TRUE(a.holds(seed(200, rank)));
 }
 
 // Runs `fn` in a forked child (file operations only, no MPI) and returns
