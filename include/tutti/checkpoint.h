@@ -93,6 +93,12 @@ struct CheckpointOptions {
   // the job started, a wrong path) must not silently restart training from
   // step 0.
   FreshStart fresh_start = FreshStart::kFromSetting;
+  // Permissions of the files and directories tutti creates (less the
+  // umask); 0: TUTTI_CKPT_FILE_MODE (0600) and TUTTI_CKPT_DIR_MODE (0700).
+  // An existing directory keeps its mode.  Temp files are opened with
+  // O_EXCL | O_NOFOLLOW: nothing planted at their names is followed.
+  unsigned file_mode = 0;
+  unsigned dir_mode = 0;
 };
 
 struct LoadOptions {

@@ -103,6 +103,8 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
   cfg_.keep_last = std::max(1, cfg_.keep_last);
   cfg_.timeout_s = ckpt::agreement_timeout(o.timeout_s);
   cfg_.direct_io = o.direct_io;
+  cfg_.file_mode = ckpt::permission_mode(o.file_mode, "TUTTI_CKPT_FILE_MODE");
+  cfg_.dir_mode = ckpt::permission_mode(o.dir_mode, "TUTTI_CKPT_DIR_MODE");
   cfg_.mesh = o.mesh_json.empty()
                   ? nlohmann::json{{"world_size", group->size()}}
                   : ckpt::parse_user_metadata(o.mesh_json);
@@ -112,7 +114,8 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
   std::string lock_error;
   if (comm_->rank() == 0) {
     try {
-      lock_ = ckpt::DirLock::acquire(cfg_.root, ckpt::default_job_id());
+      lock_ = ckpt::DirLock::acquire(cfg_.root, ckpt::default_job_id(), cfg_.file_mode,
+                                     cfg_.dir_mode);
     } catch (const Error& e) {
       lock_error = e.message();
     }

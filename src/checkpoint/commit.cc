@@ -27,8 +27,8 @@ double since(Clock::time_point t) {
 
 // Rank 0: the first of step-N, step-N.1, ... that is free or incomplete
 // (an incomplete one is a leftover of an interrupted save: removed).
-int choose_suffix(const std::string& root, int64_t step) {
-  make_dirs(root);
+int choose_suffix(const std::string& root, int64_t step, unsigned dir_mode) {
+  make_dirs(root, dir_mode);
   for (int suffix = 0;; ++suffix) {
     const std::string path = join_path(root, checkpoint_name(step, suffix));
     if (!path_exists(path)) return suffix;
@@ -68,7 +68,7 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   int64_t suffix = -1;
   if (rank == 0) {
     try {
-      suffix = choose_suffix(cfg.root, step);
+      suffix = choose_suffix(cfg.root, step, cfg.dir_mode);
       const std::string newer =
           newer_complete(cfg.root, {checkpoint_name(step, static_cast<int>(suffix)), step,
                                     static_cast<int>(suffix), false});
@@ -80,7 +80,8 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
             "job uses the directory, or its volume was mounted after the job "
             "started); it is left untouched: load it, or use another directory");
       } else {
-        make_dir(join_path(cfg.root, checkpoint_name(step, static_cast<int>(suffix))));
+        make_dir(join_path(cfg.root, checkpoint_name(step, static_cast<int>(suffix))),
+                 cfg.dir_mode);
       }
     } catch (const Error& e) {
       prepare_error = e.message();
@@ -102,7 +103,7 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   std::string write_error;
   const auto tw = Clock::now();
   try {
-    res = write_shard(dir, snap, rank, world, step, cfg.direct_io);
+    res = write_shard(dir, snap, rank, world, step, cfg.direct_io, cfg.file_mode);
   } catch (const Error& e) {
     write_error = e.message();
   }
@@ -156,7 +157,7 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
                             static_cast<uint64_t>(f[4])});
       }
       try {
-        write_file_atomic(dir, kManifestName, manifest_to_json(m), "mid_manifest",
+        write_file_atomic(dir, kManifestName, manifest_to_json(m), cfg.file_mode, "mid_manifest",
                           "manifest_fsync");
       } catch (...) {
         // Not durable: make sure no reader ever sees it.
@@ -170,7 +171,7 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
     if (committed) {
       fault::fault_point("between_manifest_and_latest");
       try {
-        write_file_atomic(cfg.root, kLatestName, name + "\n");
+        write_file_atomic(cfg.root, kLatestName, name + "\n", cfg.file_mode);
       } catch (const Error& e) {
         // The manifest is durable, so the checkpoint is committed; loaders
         // do not depend on the pointer.

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/file_util.h"
 #include "checkpoint/snapshot.h"
 #include "tutti/process_group.h"
 
@@ -34,6 +35,8 @@ struct CommitConfig {
   double timeout_s = 0;
   nlohmann::json mesh;
   bool direct_io = true;
+  unsigned file_mode = kFileMode;
+  unsigned dir_mode = kDirMode;
 };
 
 struct CommitTimes {

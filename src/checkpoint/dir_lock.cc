@@ -64,11 +64,13 @@ std::string default_job_id() {
   return id;
 }
 
-std::shared_ptr<DirLock> DirLock::acquire(const std::string& root, const std::string& job) {
-  make_dirs(root);
+std::shared_ptr<DirLock> DirLock::acquire(const std::string& root, const std::string& job,
+                                          unsigned file_mode, unsigned dir_mode) {
+  make_dirs(root, dir_mode);
   const std::string path = join_path(root, kLockName);
   const bool existed = path_exists(path);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
+                        static_cast<mode_t>(file_mode));
   if (fd < 0)
     TUTTI_THROW(kIo, "creating the checkpoint directory lock '", path,
                 "' failed: ", std::strerror(errno));

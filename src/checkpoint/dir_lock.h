@@ -28,7 +28,9 @@ class DirLock {
   // naming the owner (job, host, pid, since) when another process holds it;
   // kIo when the file cannot be created.  A file system without flock
   // (ENOLCK, EOPNOTSUPP) logs a warning and runs unlocked.
-  static std::shared_ptr<DirLock> acquire(const std::string& root, const std::string& job);
+  static std::shared_ptr<DirLock> acquire(const std::string& root, const std::string& job,
+                                          unsigned file_mode = 0600,
+                                          unsigned dir_mode = 0700);
   ~DirLock();
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;

@@ -82,6 +82,12 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_RESTART_COUNT", "int", "0",
      "Set by tutti-run: how many times it restarted the job (0 on the first "
      "run)."},
+    {"TUTTI_CKPT_FILE_MODE", "string", "0600",
+     "Octal permissions of the checkpoint files tutti creates (less the "
+     "umask), e.g. 0640 to share them with the group."},
+    {"TUTTI_CKPT_DIR_MODE", "string", "0700",
+     "Octal permissions of the checkpoint directories tutti creates (less "
+     "the umask), e.g. 0750."},
     {"TUTTI_JOB_ID", "string", "",
      "The job's name in a checkpoint directory's lock file (tutti.lock), "
      "which a second job on the directory reports; empty: SLURM_JOB_ID, else "

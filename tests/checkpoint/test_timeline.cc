@@ -3,6 +3,7 @@
 // own checksum, the directory lock and file permissions.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -266,6 +267,60 @@ TEST(CheckpointFreshStart, AHistoryThatAppearsLaterIsNeverTouched) {
   a.fill(0);
   EXPECT_EQ(m.load_latest({{"a", &a}}).value_or(-1), 200) << "the history is intact";
   EXPECT_TRUE(a.holds(seed(200, rank)));
+}
+
+unsigned mode_of(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  return st.st_mode & 07777;
+}
+
+// A symlink planted at the name of a temp file must not make tutti write
+// through it; files are 0600 and directories 0700 unless configured.
+TEST(CheckpointFiles, TempFilesNeverFollowSymlinksAndModesArePrivate) {
+  auto w = world();
+  const int rank = w->rank();
+  ScratchDir tmp(w);
+  const std::string victim = tmp.sub("victim.txt");
+  int64_t pid0 = ::getpid();
+  {
+    std::vector<int64_t> v = {pid0};
+    w->broadcast(Tensor::of(v), 0);
+    pid0 = v[0];
+  }
+  Blob a({6});
+  {
+    CheckpointManager m(w, opts(tmp.sub("ckpt")));
+    if (rank == 0) {
+      test::write_text(victim, "precious\n");
+      // write_file_atomic's temp name for `latest` in rank 0's process.
+      const std::string planted = tmp.sub("ckpt/.latest.tmp." + std::to_string(pid0));
+      ASSERT_EQ(::symlink(victim.c_str(), planted.c_str()), 0);
+    }
+    w->barrier();
+    save_steps(m, a, {1});
+    EXPECT_EQ(test::read_text(tmp.sub("ckpt/latest")), "step-00000001\n");
+    if (rank == 0) {
+      EXPECT_EQ(test::read_text(victim), "precious\n") << "wrote through a planted symlink";
+      EXPECT_EQ(mode_of(tmp.sub("ckpt")), 0700u);
+      EXPECT_EQ(mode_of(tmp.sub("ckpt/step-00000001")), 0700u);
+      EXPECT_EQ(mode_of(tmp.sub("ckpt/step-00000001/manifest.json")), 0600u);
+      EXPECT_EQ(mode_of(shard(tmp.sub("ckpt/step-00000001"), 0)), 0600u);
+      EXPECT_EQ(mode_of(tmp.sub("ckpt/latest")), 0600u);
+      EXPECT_EQ(mode_of(tmp.sub("ckpt/tutti.lock")), 0600u);
+    }
+  }
+  CheckpointOptions o = opts(tmp.sub("shared"));
+  o.file_mode = 0640;
+  o.dir_mode = 0750;
+  CheckpointManager m(w, o);
+  save_steps(m, a, {1});
+  if (rank == 0) {
+    EXPECT_EQ(mode_of(tmp.sub("shared")), 0750u);
+    EXPECT_EQ(mode_of(tmp.sub("shared/step-00000001")), 0750u);
+    EXPECT_EQ(mode_of(shard(tmp.sub("shared/step-00000001"), 0)), 0640u);
+    EXPECT_EQ(mode_of(tmp.sub("shared/step-00000001/manifest.json")), 0640u);
+  }
 }
 
 // Runs `fn` in a forked child (file operations only, no MPI) and returns
