@@ -26,10 +26,14 @@ class AwsSource : public NoticeSource {
 
   Observation poll() override {
     Observation o;
-    if (!ensure_token()) return o;
+    if (!ensure_token(&o)) return o;
     const std::vector<std::string> auth = {"X-aws-ec2-metadata-token: " + token_};
     HttpResponse r = http_.request("GET", base_ + "/latest/meta-data/spot/instance-action", auth);
     if (r.status == 401) token_.clear();
+    if (r.status == 429 || r.status >= 500) {
+      o.retry_after_ms = unreachable_.report("aws", base_ + "/latest/meta-data", r);
+      return o;
+    }
     if (r.status == 200) {
       o.kind = NoticeKind::kStop;
       o.detail = "spot/instance-action " + r.body;
@@ -45,17 +49,18 @@ class AwsSource : public NoticeSource {
   }
 
  private:
-  bool ensure_token() {
+  bool ensure_token(Observation* o) {
     const auto now = std::chrono::steady_clock::now();
     if (!token_.empty() && now < expires_) return true;
     const HttpResponse r =
         http_.request("PUT", base_ + "/latest/api/token",
                       {"X-aws-ec2-metadata-token-ttl-seconds: " + std::to_string(kTokenTtlS)});
     if (r.status != 200 || r.body.empty()) {
-      unreachable_.report("aws", base_ + "/latest/api/token", r);
+      o->retry_after_ms = unreachable_.report("aws", base_ + "/latest/api/token", r);
       token_.clear();
       return false;
     }
+    unreachable_.ok();
     token_ = r.body;
     expires_ = now + std::chrono::seconds(kTokenTtlS - 60);
     return true;

@@ -15,14 +15,20 @@ namespace preempt {
 struct Observation {
   NoticeKind kind = NoticeKind::kNone;
   std::string detail;
+  // > 0: wait this long before the next poll (a throttled endpoint).
+  int retry_after_ms = 0;
 };
 
 class NoticeSource {
  public:
   virtual ~NoticeSource() = default;
   virtual const char* name() const = 0;
-  // Called from the polling thread only.  Never throws: a source that
-  // cannot reach its endpoint reports kNone (and logs once).
+  // Called from this source's polling thread only (each source has its
+  // own: a hanging endpoint never delays another source).  A source that
+  // cannot reach its endpoint, or gets an answer it cannot read, reports
+  // kNone and logs once.  The monitor also catches anything a poll throws
+  // (logged once per source, treated as no notice), so a malformed answer
+  // can never end the process.
   virtual Observation poll() = 0;
 };
 

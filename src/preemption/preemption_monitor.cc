@@ -2,6 +2,7 @@
 // stop decision.
 #include "tutti/preemption.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -55,7 +56,7 @@ class PreemptionMonitor::Impl {
   std::condition_variable cv_;
   bool stop_thread_ = false;
   PreemptionNotice best_;
-  std::thread thread_;
+  std::vector<std::thread> threads_;  // one per polled source
 };
 
 PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
@@ -108,7 +109,7 @@ PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
     }
     names.push_back(s);
   }
-  if (!polled_.empty()) thread_ = std::thread([this] { poll_loop(); });
+  if (!polled_.empty()) threads_.emplace_back([this] { poll_loop(); });
   TUTTI_LOG(kInfo) << "preemption monitor: sources " << (list.empty() ? "(none)" : list)
                    << ", polling every " << poll_ms_ << " ms";
 }
@@ -119,20 +120,41 @@ PreemptionMonitor::Impl::~Impl() {
     stop_thread_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& t : threads_) t.join();
   if (signals_) preempt::restore_signal_handlers();
 }
 
 void PreemptionMonitor::Impl::poll_loop() {
+  std::vector<bool> failure_logged(polled_.size(), false);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_thread_) {
     lock.unlock();
-    for (auto& s : polled_) {
-      preempt::Observation o = s->poll();
-      if (o.kind != NoticeKind::kNone) record(o.kind, s->name(), o.detail);
+    int wait_ms = poll_ms_;
+    for (size_t i = 0; i < polled_.size(); ++i) {
+      preempt::NoticeSource& source = *polled_[i];
+      preempt::Observation o;
+      // The source boundary: nothing a source throws (a malformed answer, a
+      // library's type error) may end the process; it is no notice.
+      try {
+        o = source.poll();
+      } catch (const std::exception& e) {
+        if (!failure_logged[i])
+          TUTTI_LOG(kWarn) << "preemption source " << source.name()
+                           << " failed (treated as no notice; logged once): " << e.what();
+        failure_logged[i] = true;
+        o = preempt::Observation();
+      } catch (...) {
+        if (!failure_logged[i])
+          TUTTI_LOG(kWarn) << "preemption source " << source.name()
+                           << " failed with a non-standard exception (treated as no notice)";
+        failure_logged[i] = true;
+        o = preempt::Observation();
+      }
+      if (o.kind != NoticeKind::kNone) record(o.kind, source.name(), o.detail);
+      wait_ms = std::max(wait_ms, o.retry_after_ms);
     }
     lock.lock();
-    cv_.wait_for(lock, std::chrono::milliseconds(poll_ms_), [&] { return stop_thread_; });
+    cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stop_thread_; });
   }
 }
 

@@ -1,0 +1,170 @@
+// The polled notice sources against a loopback HTTP server in the test
+// process: malformed answers never end the process, throttling backs off.
+#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tutti/preemption.h"
+
+namespace tutti {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One request at a time; `answer` maps the request line to a status and a
+// body, or to status 0: hold the connection open without answering (a hung
+// endpoint) until the server is destroyed.
+class LoopbackServer {
+ public:
+  using Answer = std::function<std::pair<int, std::string>(const std::string& request_line)>;
+  explicit LoopbackServer(Answer answer) : answer_(std::move(answer)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 64) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      std::abort();
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~LoopbackServer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+    for (int c : held_) ::close(c);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int requests() const { return requests_.load(); }
+  std::vector<double> times() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return times_;
+  }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string req;
+      char buf[4096];
+      while (req.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        req.append(buf, static_cast<size_t>(n));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        times_.push_back(std::chrono::duration<double>(Clock::now() - t0_).count());
+      }
+      ++requests_;
+      const auto ans = answer_(req.substr(0, req.find("\r\n")));
+      if (ans.first == 0) {
+        held_.push_back(c);
+        continue;
+      }
+      const std::string resp = "HTTP/1.1 " + std::to_string(ans.first) +
+                               " X\r\nContent-Type: text/plain\r\nContent-Length: " +
+                               std::to_string(ans.second.size()) +
+                               "\r\nConnection: close\r\n\r\n" + ans.second;
+      if (::send(c, resp.data(), resp.size(), MSG_NOSIGNAL) < 0) {
+      }
+      ::close(c);
+    }
+  }
+
+  Answer answer_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+  std::vector<int> held_;
+  std::mutex mu_;
+  std::vector<double> times_;
+  Clock::time_point t0_ = Clock::now();
+  std::thread thread_;
+};
+
+bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+
+// Waits (bounded) for a condition the test then asserts on.
+template <class F>
+bool eventually(F cond, double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (!cond()) {
+    if (Clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Azure answered `{"Events": [{"EventType": 5}]}` and the process aborted
+// (exit 134) before the first step.  Every malformed answer is "no notice";
+// a well-formed Preempt after them is still seen.
+TEST(PreemptionSources, MalformedAzureAnswersAreNoNotice) {
+  const std::vector<std::string> bad = {
+      R"({"Events": [{"EventType": 5}]})",
+      R"({"Events": [{"EventType": "Preempt", "Resources": [1, null]}]})",
+      R"({"Events": {"EventType": "Preempt"}})",
+      R"({"Events": [{"EventType": ["Preempt"]}]})",
+      R"([1, 2, 3])",
+      R"({"Events": [7, "x", null]})",
+      "not json",
+  };
+  std::atomic<int> served{0};
+  std::atomic<bool> notice{false};
+  LoopbackServer server([&](const std::string& line) -> std::pair<int, std::string> {
+    if (contains(line, "compute/name")) return {200, "vm-under-test"};
+    if (notice) return {200, R"({"Events": [{"EventType": "Preempt", "Resources": ["vm-under-test"]}]})"};
+    const int i = served++;
+    return {200, bad[static_cast<size_t>(i) % bad.size()]};
+  });
+  PreemptionOptions o;
+  o.sources = "azure";
+  o.poll_ms = 5;
+  o.azure_url = server.url();
+  PreemptionMonitor m(o);
+  ASSERT_TRUE(eventually([&] { return served.load() >= 2 * static_cast<int>(bad.size()); }, 20))
+      << "served " << served.load();
+  EXPECT_EQ(m.local(), NoticeKind::kNone);
+  notice = true;
+  EXPECT_TRUE(eventually([&] { return m.local() == NoticeKind::kStop; }, 20));
+  EXPECT_EQ(m.notice()->source, "azure");
+}
+
+// 429 and 5xx answers back off (doubling from 1 s) instead of polling every
+// poll_ms; a good answer resets the pace.
+TEST(PreemptionSources, ThrottledAnswersBackOff) {
+  LoopbackServer server([&](const std::string& line) -> std::pair<int, std::string> {
+    if (contains(line, "compute/name")) return {200, "vm-under-test"};
+    return {429, "Too many requests"};
+  });
+  PreemptionOptions o;
+  o.sources = "azure";
+  o.poll_ms = 10;
+  o.azure_url = server.url();
+  PreemptionMonitor m(o);
+  ASSERT_TRUE(eventually([&] { return server.requests() >= 4; }, 20));
+  const auto t = server.times();
+  // Requests: the VM name, then scheduledevents (429) every backoff period.
+  ASSERT_GE(t.size(), 4u);
+  EXPECT_GE(t[2] - t[1], 0.9) << "no backoff after the first 429";
+  EXPECT_GE(t[3] - t[2], 1.8) << "the backoff doubles";
+  EXPECT_EQ(m.local(), NoticeKind::kNone);
+}
+
+}  // namespace
+}  // namespace tutti
