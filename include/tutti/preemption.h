@@ -26,7 +26,7 @@
 //            Metadata-Flavor: Google answering TRUE
 //   azure    GET /metadata/scheduledevents?api-version=2020-07-01 with
 //            Metadata: true listing a "Preempt" event for this VM
-// The HTTP sources and the file are polled by a background thread every
+// The HTTP sources and the file are polled, each on its own thread, every
 // TUTTI_PREEMPT_POLL_MS; endpoints come from TUTTI_{AWS,GCP,AZURE}_METADATA_URL.
 // See docs/preemption.md for each cloud's notice period and setup.
 #pragma once
@@ -80,8 +80,9 @@ struct PreemptionOptions {
 class TUTTI_API PreemptionMonitor {
  public:
   // Installs the signal handlers (the previous ones are restored by the
-  // destructor) and starts the polling thread.  kInvalidArgument for an
-  // unknown source name.  One monitor at a time may own the signals.
+  // destructor) and starts one polling thread per polled source.
+  // kInvalidArgument for an unknown source name.  One monitor at a time may
+  // own the signals.
   explicit PreemptionMonitor(PreemptionOptions options = {});
   ~PreemptionMonitor();
   PreemptionMonitor(const PreemptionMonitor&) = delete;

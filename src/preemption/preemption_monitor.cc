@@ -45,7 +45,7 @@ class PreemptionMonitor::Impl {
   bool stop_on_rebalance = false;
 
  private:
-  void poll_loop();
+  void poll_loop(preempt::NoticeSource& source);
 
   bool signals_ = false;
   int poll_ms_ = 1000;
@@ -109,7 +109,13 @@ PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
     }
     names.push_back(s);
   }
-  if (!polled_.empty()) threads_.emplace_back([this] { poll_loop(); });
+  // One thread per source: an endpoint that hangs until its HTTP timeout
+  // never delays the others (three hanging endpoints delayed the trigger
+  // file by three timeouts per round when they were polled in series).
+  for (auto& s : polled_) {
+    preempt::NoticeSource* src = s.get();
+    threads_.emplace_back([this, src] { poll_loop(*src); });
+  }
   TUTTI_LOG(kInfo) << "preemption monitor: sources " << (list.empty() ? "(none)" : list)
                    << ", polling every " << poll_ms_ << " ms";
 }
@@ -124,37 +130,33 @@ PreemptionMonitor::Impl::~Impl() {
   if (signals_) preempt::restore_signal_handlers();
 }
 
-void PreemptionMonitor::Impl::poll_loop() {
-  std::vector<bool> failure_logged(polled_.size(), false);
+void PreemptionMonitor::Impl::poll_loop(preempt::NoticeSource& source) {
+  bool failure_logged = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_thread_) {
     lock.unlock();
-    int wait_ms = poll_ms_;
-    for (size_t i = 0; i < polled_.size(); ++i) {
-      preempt::NoticeSource& source = *polled_[i];
-      preempt::Observation o;
-      // The source boundary: nothing a source throws (a malformed answer, a
-      // library's type error) may end the process; it is no notice.
-      try {
-        o = source.poll();
-      } catch (const std::exception& e) {
-        if (!failure_logged[i])
-          TUTTI_LOG(kWarn) << "preemption source " << source.name()
-                           << " failed (treated as no notice; logged once): " << e.what();
-        failure_logged[i] = true;
-        o = preempt::Observation();
-      } catch (...) {
-        if (!failure_logged[i])
-          TUTTI_LOG(kWarn) << "preemption source " << source.name()
-                           << " failed with a non-standard exception (treated as no notice)";
-        failure_logged[i] = true;
-        o = preempt::Observation();
-      }
-      if (o.kind != NoticeKind::kNone) record(o.kind, source.name(), o.detail);
-      wait_ms = std::max(wait_ms, o.retry_after_ms);
+    preempt::Observation o;
+    // The source boundary: nothing a source throws (a malformed answer, a
+    // library's type error) may end the process; it is no notice.
+    try {
+      o = source.poll();
+    } catch (const std::exception& e) {
+      if (!failure_logged)
+        TUTTI_LOG(kWarn) << "preemption source " << source.name()
+                         << " failed (treated as no notice; logged once): " << e.what();
+      failure_logged = true;
+      o = preempt::Observation();
+    } catch (...) {
+      if (!failure_logged)
+        TUTTI_LOG(kWarn) << "preemption source " << source.name()
+                         << " failed with a non-standard exception (treated as no notice)";
+      failure_logged = true;
+      o = preempt::Observation();
     }
+    if (o.kind != NoticeKind::kNone) record(o.kind, source.name(), o.detail);
     lock.lock();
-    cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stop_thread_; });
+    cv_.wait_for(lock, std::chrono::milliseconds(std::max(poll_ms_, o.retry_after_ms)),
+                 [&] { return stop_thread_; });
   }
 }
 

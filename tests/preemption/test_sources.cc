@@ -1,5 +1,6 @@
 // The polled notice sources against a loopback HTTP server in the test
-// process: malformed answers never end the process, throttling backs off.
+// process: malformed answers never end the process, throttling backs off,
+// and a hanging endpoint never delays another source.
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -164,6 +165,34 @@ TEST(PreemptionSources, ThrottledAnswersBackOff) {
   EXPECT_GE(t[2] - t[1], 0.9) << "no backoff after the first 429";
   EXPECT_GE(t[3] - t[2], 1.8) << "the backoff doubles";
   EXPECT_EQ(m.local(), NoticeKind::kNone);
+}
+
+// Three endpoints that accept and never answer must not delay the trigger
+// file (polled in series they delayed it by three HTTP timeouts per round).
+TEST(PreemptionSources, AHangingEndpointNeverDelaysAnotherSource) {
+  LoopbackServer hang([](const std::string&) { return std::make_pair(0, std::string()); });
+  char path[] = "/tmp/tutti-preempt-concurrent-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  ::unlink(path);
+  PreemptionOptions o;
+  o.sources = "aws,gcp,azure,file";
+  o.poll_ms = 20;
+  o.http_timeout_ms = 3000;
+  o.aws_url = o.gcp_url = o.azure_url = hang.url();
+  o.trigger_file = path;
+  PreemptionMonitor m(o);
+  ASSERT_TRUE(eventually([&] { return hang.requests() >= 3; }, 10)) << "all three are hanging";
+  const auto t0 = Clock::now();
+  std::FILE* f = std::fopen(path, "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  ASSERT_TRUE(eventually([&] { return m.local() == NoticeKind::kStop; }, 15));
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(took, 2.0) << "the file waited for the hanging endpoints (timeout 3 s each)";
+  EXPECT_EQ(m.notice()->source, "file");
+  ::unlink(path);
 }
 
 }  // namespace
