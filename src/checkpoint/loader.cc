@@ -1,10 +1,14 @@
 #include "checkpoint/loader.h"
 
+#include <chrono>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/agreement.h"
 #include "checkpoint/catalog.h"
 #include "checkpoint/dir_lock.h"
+#include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/load_plan.h"
 #include "checkpoint/retention.h"
@@ -20,7 +24,26 @@ namespace {
 
 using json = nlohmann::json;
 
-enum Status : int64_t { kOk = 0, kRejected = 1, kDoesNotFit = 2 };
+// kRejected: the checkpoint is corrupt (try an older one); kDoesNotFit:
+// the caller's state differs (raise); kTransient: an I/O error (retry, then
+// raise).
+enum Status : int64_t { kOk = 0, kRejected = 1, kDoesNotFit = 2, kTransient = 3 };
+constexpr int kReadAttempts = 3;
+
+int64_t classify(const Error& e) {
+  switch (e.code()) {
+    case ErrorCode::kMismatch:
+    case ErrorCode::kInvalidArgument: return kDoesNotFit;
+    case ErrorCode::kIo: return kTransient;
+    default: return kRejected;
+  }
+}
+
+bool all_ok(const std::vector<int64_t>& st) {
+  for (int64_t v : st)
+    if (v != kOk) return false;
+  return true;
+}
 
 // Rank 0's view of the directory: complete checkpoints, newest first, and
 // whether an empty result may start fresh.
@@ -74,6 +97,17 @@ void abandon_after(Agreement& agree, const std::string& root, const std::string&
   if (!error.empty())
     TUTTI_THROW(kIo, "checkpoint ", name, " was loaded, but rank 0 could not set the newer "
                 "checkpoints of the abandoned timeline aside: ", error);
+}
+
+// "rank 1: '<file>': ...; rank 2: ..." for the ranks whose status is `value`.
+std::string reasons_of(const std::vector<std::string>& texts, const std::vector<int64_t>& st,
+                       int64_t value) {
+  std::string out;
+  for (size_t r = 0; r < st.size(); ++r)
+    if (st[r] == value)
+      out += (out.empty() ? "" : "; ") +
+             (texts[r].empty() ? "rank " + std::to_string(r) + " (no reason given)" : texts[r]);
+  return out;
 }
 
 }  // namespace
@@ -156,65 +190,77 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
   for (const auto& jn : list["names"]) {
     const std::string name = jn.get<std::string>();
     const std::string dir = join_path(root, name);
-    int64_t status = kOk;
-    std::string reason;
-    OpenedCheckpoint ckpt;
-    LoadPlan plan;
-    try {
-      ckpt = open_checkpoint(dir);
-      plan = plan_load(ckpt, dst, options, rank);
-      std::set<int> verify = plan.shards_read;
-      for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world)
-        verify.insert(s);
-      for (int s : verify) verify_shard_data(ckpt.shards[static_cast<size_t>(s)], pool);
-    } catch (const Error& e) {
-      status = (e.code() == ErrorCode::kMismatch ||
-                e.code() == ErrorCode::kInvalidArgument)
-                   ? kDoesNotFit
-                   : kRejected;
-      reason = e.message();
-    }
-    std::vector<int64_t> st = agree.allgather({status}, "verifying a checkpoint");
-    const std::string misfits = ranks_with(st, kDoesNotFit);
-    if (!misfits.empty()) {
-      if (status == kDoesNotFit)
-        TUTTI_THROW(kMismatch, "checkpoint ", dir, " does not fit the state: ", reason);
-      TUTTI_THROW(kMismatch, "checkpoint ", dir,
-                  " does not fit the state on rank(s) ", misfits,
-                  " (see the error there)");
-    }
-    if (ranks_with(st, kRejected).empty()) {
-      // Verified everywhere: now write into the destination tensors.
-      touched = true;
+    for (int attempt = 1;; ++attempt) {
+      int64_t status = kOk;
+      std::string reason;
+      OpenedCheckpoint ckpt;
+      LoadPlan plan;
       try {
-        execute_plan(ckpt, plan, dst, pool);
+        fault::fault_point("load_read");
+        ckpt = open_checkpoint(dir);
+        plan = plan_load(ckpt, dst, options, rank);
+        std::set<int> verify = plan.shards_read;
+        for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world)
+          verify.insert(s);
+        for (int s : verify) verify_shard_data(ckpt.shards[static_cast<size_t>(s)], pool);
       } catch (const Error& e) {
-        status = kRejected;
+        status = classify(e);
         reason = e.message();
       }
-      st = agree.allgather({status}, "reading a checkpoint");
+      std::vector<int64_t> st = agree.allgather({status}, "verifying a checkpoint");
+      if (all_ok(st)) {
+        // Verified everywhere: now write into the destination tensors.
+        touched = true;
+        try {
+          execute_plan(ckpt, plan, dst, pool);
+        } catch (const Error& e) {
+          status = classify(e);
+          reason = e.message();
+        }
+        st = agree.allgather({status}, "reading a checkpoint");
+      }
+      if (all_ok(st)) {
+        if (options.resume) abandon_after(agree, root, name);
+        LoadResult r;
+        r.step = ckpt.manifest.step;
+        r.name = name;
+        r.metadata_json = ckpt.manifest.metadata.dump();
+        r.saved_world_size = ckpt.manifest.world_size;
+        r.skipped = plan.skipped;
+        if (plan.unused > 0)
+          TUTTI_LOG(kInfo) << "checkpoint " << name << ": " << plan.unused
+                           << " stored tensors were not asked for";
+        TUTTI_LOG(kInfo) << "loaded checkpoint " << name << " (step " << r.step
+                         << ", written by " << r.saved_world_size << " ranks)";
+        return r;
+      }
+      // Every rank learns every failing rank's reason (file, offset, errno).
+      const std::vector<std::string> texts =
+          agree.allgather_text(reason, "reporting a checkpoint's problems");
+      if (!ranks_with(st, kDoesNotFit).empty())
+        TUTTI_THROW(kMismatch, "checkpoint ", dir, " does not fit the state: ",
+                    reasons_of(texts, st, kDoesNotFit));
+      if (!ranks_with(st, kTransient).empty()) {
+        // An I/O error (EIO, ESTALE, EMFILE, ...) says nothing about the
+        // checkpoint: retry it, then raise; never fall back to an older one
+        // (which would also abandon this one's timeline).
+        const std::string why = reasons_of(texts, st, kTransient);
+        if (attempt < kReadAttempts) {
+          TUTTI_LOG(kWarn) << "checkpoint " << name << ": read error (attempt " << attempt
+                           << " of " << kReadAttempts << "), retrying: " << why;
+          std::this_thread::sleep_for(std::chrono::milliseconds(200 << (attempt - 1)));
+          continue;
+        }
+        TUTTI_THROW(kIo, "checkpoint ", dir, " could not be read after ", kReadAttempts,
+                    " attempts (an I/O error is not corruption: no older checkpoint was "
+                    "tried and nothing was set aside): ", why);
+      }
+      const std::string why = reasons_of(texts, st, kRejected);
+      TUTTI_LOG(kWarn) << "checkpoint " << name << " cannot be used, trying an older one: "
+                       << why;
+      reasons.push_back(name + ": " + why);
+      break;
     }
-    const std::string rejecting = ranks_with(st, kRejected);
-    if (rejecting.empty()) {
-      if (options.resume) abandon_after(agree, root, name);
-      LoadResult r;
-      r.step = ckpt.manifest.step;
-      r.name = name;
-      r.metadata_json = ckpt.manifest.metadata.dump();
-      r.saved_world_size = ckpt.manifest.world_size;
-      r.skipped = plan.skipped;
-      if (plan.unused > 0)
-        TUTTI_LOG(kInfo) << "checkpoint " << name << ": " << plan.unused
-                         << " stored tensors were not asked for";
-      TUTTI_LOG(kInfo) << "loaded checkpoint " << name << " (step " << r.step
-                       << ", written by " << r.saved_world_size << " ranks)";
-      return r;
-    }
-    const std::string why =
-        reason.empty() ? "rejected by rank(s) " + rejecting + " (see their log)" : reason;
-    TUTTI_LOG(kWarn) << "checkpoint " << name << " cannot be used, trying an older one: "
-                     << why;
-    reasons.push_back(name + ": " + why);
   }
   std::string all;
   for (const auto& r : reasons) all += "; " + r;

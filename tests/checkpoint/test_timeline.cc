@@ -11,6 +11,7 @@
 
 #include "checkpoint/catalog.h"
 #include "checkpoint/dir_lock.h"
+#include "checkpoint/fault_inject.h"
 #include "tutti/config.h"
 #include "checkpoint/file_util.h"
 #include "ckpt_test_util.h"
@@ -267,6 +268,48 @@ TEST(CheckpointFreshStart, AHistoryThatAppearsLaterIsNeverTouched) {
   a.fill(0);
   EXPECT_EQ(m.load_latest({{"a", &a}}).value_or(-1), 200) << "the history is intact";
   EXPECT_TRUE(a.holds(seed(200, rank)));
+}
+
+void set_fault(const std::string& spec) {
+  if (!spec.empty()) setenv("TUTTI_FAULT_INJECT", spec.c_str(), 1);
+  else unsetenv("TUTTI_FAULT_INJECT");
+  fault::reload();
+}
+
+// A transient read error (EIO, ESTALE, EMFILE) on one rank is retried, not
+// taken for corruption: the newest checkpoint loads.  One that persists is
+// Error(kIo) on every rank, and nothing falls back or is set aside.
+TEST(CheckpointLoadErrors, TransientReadErrorsAreRetriedOrRaisedNeverAFallback) {
+  auto w = world();
+  const int rank = w->rank(), victim = w->size() - 1;
+  ScratchDir tmp(w);
+  Blob a({12});
+  CheckpointManager m(w, opts(tmp.path(), 3));
+  save_steps(m, a, {1, 2});
+  set_fault("load_read:action=fail:rank=" + std::to_string(victim));
+  a.fill(0);
+  auto r = m.load({{"a", &a}});
+  set_fault("");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->step, 2) << "one failed read fell back to an older checkpoint";
+  EXPECT_TRUE(a.holds(seed(2, rank)));
+  set_fault("load_read:action=fail:times=1000:rank=" + std::to_string(victim));
+  bool raised = false;
+  try {
+    m.load({{"a", &a}});
+  } catch (const Error& e) {
+    raised = true;
+    EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find("step-00000002"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("injected failure at 'load_read'"), std::string::npos)
+        << "every rank names the failure: " << e.what();
+  }
+  set_fault("");
+  EXPECT_TRUE(raised);
+  w->barrier();
+  EXPECT_EQ(test::complete_checkpoints(tmp.path()),
+            (std::vector<std::string>{"step-00000001", "step-00000002"}))
+      << "a read error abandons nothing";
 }
 
 unsigned mode_of(const std::string& path) {
