@@ -106,6 +106,8 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
     res = write_shard(dir, snap, rank, world, step, cfg.direct_io, cfg.file_mode);
   } catch (const Error& e) {
     write_error = e.message();
+    if (write_error.find(shard_file_name(rank)) == std::string::npos)
+      write_error += " (writing " + join_path(dir, shard_file_name(rank)) + ")";
   }
   if (times) {
     times->write_s = since(tw);
@@ -128,12 +130,21 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
     TUTTI_THROW(kInvalidArgument, what, " (", dir, ") was not published: rank",
                 other_step.size() > 1 ? "s " : " ", rank_list(other_step),
                 " saved another step (every rank must save the same step)");
-  if (!failed.empty())
+  if (!failed.empty()) {
+    // Every rank names every failing rank's file and error, not only the
+    // rank that found it.
+    const std::vector<std::string> texts =
+        agree.allgather_text(write_error, "reporting the failed shards");
+    std::string why;
+    for (int r : failed)
+      why += (why.empty() ? "" : "; ") +
+             (texts[static_cast<size_t>(r)].empty()
+                  ? "rank " + std::to_string(r) + ": " + shard_file_name(r)
+                  : texts[static_cast<size_t>(r)]);
     TUTTI_THROW(kIo, what, " (", dir, ") was not published: rank",
-                failed.size() > 1 ? "s " : " ", rank_list(failed),
-                " could not write ", failed.size() > 1 ? "their shards" : "its shard",
-                write_error.empty() ? std::string(" (see the error on that rank)")
-                                    : ": " + write_error);
+                failed.size() > 1 ? "s " : " ", rank_list(failed), " could not write ",
+                failed.size() > 1 ? "their shards" : "its shard", ": ", why);
+  }
   fault::fault_point("after_agree");
 
   // 3. Rank 0 publishes: manifest, then `latest`.

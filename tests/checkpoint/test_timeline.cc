@@ -312,6 +312,38 @@ TEST(CheckpointLoadErrors, TransientReadErrorsAreRetriedOrRaisedNeverAFallback) 
       << "a read error abandons nothing";
 }
 
+// Every rank's error names the failing file, not only the rank that found it.
+TEST(CheckpointLoadErrors, EveryRankNamesTheFailingFile) {
+  auto w = world();
+  const int last = w->size() - 1;
+  ScratchDir tmp(w);
+  Blob a({12});
+  CheckpointManager m(w, opts(tmp.path(), 3));
+  save_steps(m, a, {1});
+  const std::string bad = "rank-0000" + std::to_string(last) + ".safetensors";
+  if (w->rank() == 0) test::flip_bit(shard(tmp.sub("step-00000001"), last), -1);
+  w->barrier();
+  try {
+    m.load({{"a", &a}});
+    ADD_FAILURE() << "loaded a corrupt checkpoint";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+  }
+  set_fault("after_shard_write:action=fail:rank=" + std::to_string(last));
+  try {
+    a.fill(seed(2, w->rank()));
+    m.save(2, {{"a", &a}});
+    m.wait();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find("injected failure at 'after_shard_write'"),
+              std::string::npos) << e.what();
+  }
+  set_fault("");
+}
+
 unsigned mode_of(const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return 0;
