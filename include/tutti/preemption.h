@@ -54,6 +54,14 @@ enum class NoticeKind : int {
 };
 TUTTI_API const char* notice_kind_name(NoticeKind kind);
 
+// What every rank does at a step boundary (PreemptionMonitor::decide).
+enum class PreemptionAction : int {
+  kContinue = 0,
+  kSaveNow = 1,  // an early warning (AWS rebalance recommendation): save a
+                 // checkpoint at this step and keep training
+  kStop = 2,     // save, wait for the commit, exit_preempted()
+};
+
 struct PreemptionNotice {
   NoticeKind kind = NoticeKind::kNone;
   std::string source;  // "SIGTERM", "aws", "gcp", "azure", "file", ...
@@ -100,6 +108,16 @@ class TUTTI_API PreemptionMonitor {
   // Every rank gets the same answer at the same call, so all stop at the
   // same step.
   bool should_stop(ProcessGroup& group);
+  // Collective: the agreed notice as an action, identical on every rank.
+  // kStop as should_stop(); kSaveNow at the first call that agrees on a
+  // rebalance recommendation (once per monitor; a new recommendation after
+  // it is the same risk), else kContinue.
+  //   switch (monitor.decide(*world())) {
+  //     case PreemptionAction::kStop: ckpt.save(...); ckpt.wait(); exit_preempted();
+  //     case PreemptionAction::kSaveNow: ckpt.save(...); break;  // keep training
+  //     case PreemptionAction::kContinue: break;
+  //   }
+  PreemptionAction decide(ProcessGroup& group);
 
   // Raises a notice from code (a custom source, a test).
   void notify(NoticeKind kind, const std::string& source, const std::string& detail = "");

@@ -43,6 +43,7 @@ class PreemptionMonitor::Impl {
 
   std::vector<std::string> names;
   bool stop_on_rebalance = false;
+  bool rebalance_saved = false;  // decide() answered kSaveNow (every rank alike)
 
  private:
   void poll_loop(preempt::NoticeSource& source);
@@ -203,6 +204,18 @@ NoticeKind PreemptionMonitor::agree(ProcessGroup& group) {
 bool PreemptionMonitor::should_stop(ProcessGroup& group) {
   const NoticeKind k = agree(group);
   return k == NoticeKind::kStop || (impl_->stop_on_rebalance && k == NoticeKind::kRebalance);
+}
+
+PreemptionAction PreemptionMonitor::decide(ProcessGroup& group) {
+  const NoticeKind k = agree(group);
+  if (k == NoticeKind::kStop || (impl_->stop_on_rebalance && k == NoticeKind::kRebalance))
+    return PreemptionAction::kStop;
+  // k is identical on every rank, so this edge is too.
+  if (k == NoticeKind::kRebalance && !impl_->rebalance_saved) {
+    impl_->rebalance_saved = true;
+    return PreemptionAction::kSaveNow;
+  }
+  return PreemptionAction::kContinue;
 }
 
 void PreemptionMonitor::notify(NoticeKind kind, const std::string& source,

@@ -167,6 +167,31 @@ TEST(PreemptionSources, ThrottledAnswersBackOff) {
   EXPECT_EQ(m.local(), NoticeKind::kNone);
 }
 
+// AWS: the instance-action body is parsed (action and time reach the
+// notice); an unreadable body from that endpoint is still a stop notice.
+TEST(PreemptionSources, AwsInstanceActionIsParsed) {
+  for (const char* body : {R"({"action": "stop", "time": "2026-11-23T22:50:00Z"})",
+                           R"({"action": 5})"}) {
+    SCOPED_TRACE(body);
+    LoopbackServer server([&](const std::string& line) -> std::pair<int, std::string> {
+      if (contains(line, "PUT /latest/api/token")) return {200, "token"};
+      if (contains(line, "spot/instance-action")) return {200, body};
+      return {404, "Not Found"};
+    });
+    PreemptionOptions o;
+    o.sources = "aws";
+    o.poll_ms = 10;
+    o.aws_url = server.url();
+    PreemptionMonitor m(o);
+    ASSERT_TRUE(eventually([&] { return m.local() == NoticeKind::kStop; }, 20));
+    const std::string detail = m.notice()->detail;
+    if (contains(body, "time"))
+      EXPECT_EQ(detail, "spot/instance-action: stop at 2026-11-23T22:50:00Z");
+    else
+      EXPECT_TRUE(contains(detail, "unreadable")) << detail;
+  }
+}
+
 // Three endpoints that accept and never answer must not delay the trigger
 // file (polled in series they delayed it by three HTTP timeouts per round).
 TEST(PreemptionSources, AHangingEndpointNeverDelaysAnotherSource) {
