@@ -80,6 +80,10 @@ struct PreemptionOptions {
   std::string gcp_url;             // TUTTI_GCP_METADATA_URL
   std::string azure_url;           // TUTTI_AZURE_METADATA_URL
   int http_timeout_ms = 0;         // TUTTI_HTTP_TIMEOUT_MS
+  // Node-local directory through which the ranks of a node share one
+  // poller per metadata endpoint (TUTTI_PREEMPT_SHARE_DIR, /dev/shm);
+  // "none": every rank polls.
+  std::string share_dir;
   // Also stop on a rebalance recommendation (default:
   // TUTTI_PREEMPT_STOP_ON_REBALANCE).
   std::optional<bool> stop_on_rebalance;

@@ -110,6 +110,10 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_PREEMPT_STOP_ON_REBALANCE", "bool", "0",
      "Also stop (checkpoint and exit 75) on an AWS rebalance recommendation, "
      "not only on an interruption notice."},
+    {"TUTTI_PREEMPT_SHARE_DIR", "string", "/dev/shm",
+     "Node-local directory through which the ranks of a node share one poller "
+     "per cloud metadata endpoint (an flock elects it; the others read what it "
+     "publishes); none: every rank polls."},
     {"TUTTI_AWS_METADATA_URL", "string", "http://169.254.169.254",
      "AWS instance metadata service base URL (IMDSv2)."},
     {"TUTTI_GCP_METADATA_URL", "string", "http://metadata.google.internal",

@@ -37,5 +37,13 @@ std::unique_ptr<NoticeSource> make_gcp_source(const std::string& base_url, int t
 std::unique_ptr<NoticeSource> make_azure_source(const std::string& base_url, int timeout_ms);
 std::unique_ptr<NoticeSource> make_file_source(const std::string& path);
 
+// One poller per node for a metadata source (node_shared_source.cc): the
+// rank holding <dir>'s per-endpoint flock polls `url` through `inner` and
+// publishes what it saw; the other ranks of the node read that.  `dir`
+// empty or "none": `inner` itself (every rank polls).
+std::unique_ptr<NoticeSource> make_node_shared(std::unique_ptr<NoticeSource> inner,
+                                               const std::string& dir, const std::string& url,
+                                               int poll_ms);
+
 }  // namespace preempt
 }  // namespace tutti

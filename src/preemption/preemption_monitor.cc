@@ -74,6 +74,11 @@ PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
     while (!v.empty() && v.back() == '/') v.pop_back();
     return v;
   };
+  const std::string share_dir =
+      o.share_dir.empty() ? config::get_string("TUTTI_PREEMPT_SHARE_DIR") : o.share_dir;
+  auto shared = [&](std::unique_ptr<preempt::NoticeSource> src, const std::string& url) {
+    return preempt::make_node_shared(std::move(src), share_dir, url, poll_ms_);
+  };
   stop_on_rebalance = o.stop_on_rebalance.has_value()
                           ? *o.stop_on_rebalance
                           : config::get_bool("TUTTI_PREEMPT_STOP_ON_REBALANCE");
@@ -96,12 +101,14 @@ PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
       polled_.push_back(preempt::make_file_source(
           o.trigger_file.empty() ? config::get_string("TUTTI_PREEMPT_FILE") : o.trigger_file));
     } else if (s == "aws") {
-      polled_.push_back(preempt::make_aws_source(pick(o.aws_url, "TUTTI_AWS_METADATA_URL"), http_ms));
+      const std::string url = pick(o.aws_url, "TUTTI_AWS_METADATA_URL");
+      polled_.push_back(shared(preempt::make_aws_source(url, http_ms), url));
     } else if (s == "gcp") {
-      polled_.push_back(preempt::make_gcp_source(pick(o.gcp_url, "TUTTI_GCP_METADATA_URL"), http_ms));
+      const std::string url = pick(o.gcp_url, "TUTTI_GCP_METADATA_URL");
+      polled_.push_back(shared(preempt::make_gcp_source(url, http_ms), url));
     } else if (s == "azure") {
-      polled_.push_back(
-          preempt::make_azure_source(pick(o.azure_url, "TUTTI_AZURE_METADATA_URL"), http_ms));
+      const std::string url = pick(o.azure_url, "TUTTI_AZURE_METADATA_URL");
+      polled_.push_back(shared(preempt::make_azure_source(url, http_ms), url));
     } else {
       if (signals_) preempt::restore_signal_handlers();
       TUTTI_THROW(kInvalidArgument, "unknown preemption source '", s,
