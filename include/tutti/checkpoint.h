@@ -28,8 +28,9 @@
 // checkpoints, and never touches a history this job did not load or write.
 // A process killed at any instant leaves either the previous or the new
 // checkpoint loadable, never a mix: loading picks the newest directory whose
-// manifest and checksums verify and falls back, with a logged reason, to
-// older ones.
+// manifest (itself checksummed) and shards verify and falls back, with a
+// logged reason, to older ones.  A read error (EIO, ESTALE, EMFILE) is not
+// corruption: it is retried, then raised on every rank, never a fallback.
 //
 // The directory must be visible to every rank (a shared or a single-node
 // file system), and one job at a time may use it: rank 0 holds an flock on
