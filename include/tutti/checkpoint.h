@@ -23,13 +23,20 @@
 //      from this instant the checkpoint exists;
 //   4. rank 0 replaces <dir>/latest the same way;
 //   5. only then are checkpoints beyond keep_last removed.
+// Each manifest names its parent (the checkpoint the job loaded or last
+// saved); retention counts and removes only the current timeline's
+// checkpoints, and never touches a history this job did not load or write.
 // A process killed at any instant leaves either the previous or the new
 // checkpoint loadable, never a mix: loading picks the newest directory whose
-// manifest and checksums verify and falls back, with a logged reason, to
-// older ones.
+// manifest (itself checksummed) and shards verify and falls back, with a
+// logged reason, to older ones.  A read error (EIO, ESTALE, EMFILE) is not
+// corruption: it is retried, then raised on every rank, never a fallback.
 //
 // The directory must be visible to every rank (a shared or a single-node
-// file system), and one job at a time may use it.
+// file system), and one job at a time may use it: rank 0 holds an flock on
+// <dir>/tutti.lock (owner host, pid and job id inside) while a manager
+// exists; a second job's manager raises kInvalidArgument naming the owner.
+// The kernel releases the lock when the owner dies.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +53,17 @@ namespace tutti {
 
 // Named components: tensor "<component>/<tensor name>" in the checkpoint.
 using Components = std::vector<std::pair<std::string, Stateful*>>;
+
+// What a load that finds no complete checkpoint does (see load_latest).
+enum class FreshStart {
+  kFromSetting,  // TUTTI_CKPT_FRESH_START: auto, allow or refuse
+  kAuto,    // start fresh unless a history is expected: the directory has a
+            // `latest` pointer or abandoned checkpoints, or tutti-run
+            // restarted the job (TUTTI_RESTART_COUNT > 0) and no earlier
+            // job used this directory (no tutti.lock before this one)
+  kAllow,   // always start fresh (logged at WARN when a history was expected)
+  kRefuse,  // never: the job must resume
+};
 
 struct CheckpointOptions {
   // Checkpoint directory, created if missing.  Empty: TUTTI_CKPT_DIR.
@@ -72,6 +90,16 @@ struct CheckpointOptions {
   // The snapshot copies wait for it and the stream waits for the copies,
   // without blocking the host.  nullptr: the legacy default stream.
   void* cuda_stream = nullptr;
+  // An empty directory where a history is expected (a volume mounted after
+  // the job started, a wrong path) must not silently restart training from
+  // step 0.
+  FreshStart fresh_start = FreshStart::kFromSetting;
+  // Permissions of the files and directories tutti creates (less the
+  // umask); 0: TUTTI_CKPT_FILE_MODE (0600) and TUTTI_CKPT_DIR_MODE (0700).
+  // An existing directory keeps its mode.  Temp files are opened with
+  // O_EXCL | O_NOFOLLOW: nothing planted at their names is followed.
+  unsigned file_mode = 0;
+  unsigned dir_mode = 0;
 };
 
 struct LoadOptions {
@@ -83,6 +111,13 @@ struct LoadOptions {
   // error-feedback residuals after the world size changed).  Such tensors
   // keep their current contents, with a logged warning.
   std::vector<std::string> optional;
+  // true: the job resumes from the loaded checkpoint.  Complete checkpoints
+  // newer than it (they failed verification, or `step` asked for an older
+  // one) form an abandoned timeline: they are renamed abandoned-<name>
+  // before load returns, kept for inspection, and never loaded, counted by
+  // keep_last or removed by tutti.  false: a read-only load that changes
+  // nothing in the directory (evaluation, inspection).
+  bool resume = true;
 };
 
 struct LoadResult {
@@ -115,7 +150,9 @@ class TUTTI_API CheckpointManager {
  public:
   // Collective over `group` (it creates a private communicator, so the
   // writer thread's collectives never interleave with the caller's).
-  // Throws kInvalidArgument when no directory is configured.
+  // Creates the directory and takes its lock (rank 0).  Throws
+  // kInvalidArgument on every rank when no directory is configured or
+  // another job holds the lock (the message names that job, host and pid).
   CheckpointManager(ProcessGroupPtr group, CheckpointOptions options = {});
   // Waits for an in-flight save; its error, if any, is logged (call wait()
   // first to handle it).  Destroy the manager before tutti::shutdown().
@@ -148,7 +185,9 @@ class TUTTI_API CheckpointManager {
   // when the group size or a tensor's split changed.  Returns its step, or
   // nullopt when the directory holds no complete checkpoint (the tensors
   // are untouched).  A checkpoint that fails verification is skipped with a
-  // logged reason; if none verifies, Error(kCorrupt).  A checkpoint that
+  // logged reason; if none verifies, Error(kCorrupt).  No complete
+  // checkpoint where a history is expected (CheckpointOptions::fresh_start)
+  // is Error(kNotFound) on every rank, naming the reason.  A checkpoint that
   // does not fit the state (missing tensor, other dtype or global shape) is
   // Error(kMismatch) on every rank.
   std::optional<int64_t> load_latest(const Components& components,

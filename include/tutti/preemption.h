@@ -26,7 +26,7 @@
 //            Metadata-Flavor: Google answering TRUE
 //   azure    GET /metadata/scheduledevents?api-version=2020-07-01 with
 //            Metadata: true listing a "Preempt" event for this VM
-// The HTTP sources and the file are polled by a background thread every
+// The HTTP sources and the file are polled, each on its own thread, every
 // TUTTI_PREEMPT_POLL_MS; endpoints come from TUTTI_{AWS,GCP,AZURE}_METADATA_URL.
 // See docs/preemption.md for each cloud's notice period and setup.
 #pragma once
@@ -54,6 +54,14 @@ enum class NoticeKind : int {
 };
 TUTTI_API const char* notice_kind_name(NoticeKind kind);
 
+// What every rank does at a step boundary (PreemptionMonitor::decide).
+enum class PreemptionAction : int {
+  kContinue = 0,
+  kSaveNow = 1,  // an early warning (AWS rebalance recommendation): save a
+                 // checkpoint at this step and keep training
+  kStop = 2,     // save, wait for the commit, exit_preempted()
+};
+
 struct PreemptionNotice {
   NoticeKind kind = NoticeKind::kNone;
   std::string source;  // "SIGTERM", "aws", "gcp", "azure", "file", ...
@@ -72,6 +80,10 @@ struct PreemptionOptions {
   std::string gcp_url;             // TUTTI_GCP_METADATA_URL
   std::string azure_url;           // TUTTI_AZURE_METADATA_URL
   int http_timeout_ms = 0;         // TUTTI_HTTP_TIMEOUT_MS
+  // Node-local directory through which the ranks of a node share one
+  // poller per metadata endpoint (TUTTI_PREEMPT_SHARE_DIR, /dev/shm);
+  // "none": every rank polls.
+  std::string share_dir;
   // Also stop on a rebalance recommendation (default:
   // TUTTI_PREEMPT_STOP_ON_REBALANCE).
   std::optional<bool> stop_on_rebalance;
@@ -80,8 +92,9 @@ struct PreemptionOptions {
 class TUTTI_API PreemptionMonitor {
  public:
   // Installs the signal handlers (the previous ones are restored by the
-  // destructor) and starts the polling thread.  kInvalidArgument for an
-  // unknown source name.  One monitor at a time may own the signals.
+  // destructor) and starts one polling thread per polled source.
+  // kInvalidArgument for an unknown source name.  One monitor at a time may
+  // own the signals.
   explicit PreemptionMonitor(PreemptionOptions options = {});
   ~PreemptionMonitor();
   PreemptionMonitor(const PreemptionMonitor&) = delete;
@@ -99,6 +112,16 @@ class TUTTI_API PreemptionMonitor {
   // Every rank gets the same answer at the same call, so all stop at the
   // same step.
   bool should_stop(ProcessGroup& group);
+  // Collective: the agreed notice as an action, identical on every rank.
+  // kStop as should_stop(); kSaveNow at the first call that agrees on a
+  // rebalance recommendation (once per monitor; a new recommendation after
+  // it is the same risk), else kContinue.
+  //   switch (monitor.decide(*world())) {
+  //     case PreemptionAction::kStop: ckpt.save(...); ckpt.wait(); exit_preempted();
+  //     case PreemptionAction::kSaveNow: ckpt.save(...); break;  // keep training
+  //     case PreemptionAction::kContinue: break;
+  //   }
+  PreemptionAction decide(ProcessGroup& group);
 
   // Raises a notice from code (a custom source, a test).
   void notify(NoticeKind kind, const std::string& source, const std::string& detail = "");

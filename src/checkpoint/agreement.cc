@@ -41,6 +41,15 @@ std::string Agreement::broadcast(const std::string& text, int root, const char* 
   return std::string(buf.begin(), buf.end());
 }
 
+std::vector<std::string> Agreement::allgather_text(const std::string& text, const char* phase) {
+  const std::vector<int64_t> lens =
+      allgather(std::vector<int64_t>{static_cast<int64_t>(text.size())}, phase);
+  std::vector<std::string> out(lens.size());
+  for (size_t r = 0; r < lens.size(); ++r)
+    if (lens[r] > 0) out[r] = broadcast(text, static_cast<int>(r), phase);
+  return out;
+}
+
 double agreement_timeout(double requested) {
   if (requested > 0) return requested;
   const double ckpt = config::get_double("TUTTI_CKPT_TIMEOUT");

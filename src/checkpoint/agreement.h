@@ -27,6 +27,9 @@ class Agreement {
   std::vector<int64_t> allgather(const std::vector<int64_t>& mine, const char* phase);
   int64_t allreduce_max(int64_t value, const char* phase);
   std::string broadcast(const std::string& text, int root, const char* phase);
+  // Every rank's text, in rank order (error paths: one broadcast per rank
+  // with a non-empty text).
+  std::vector<std::string> allgather_text(const std::string& text, const char* phase);
 
  private:
   OpOptions options(const char* phase) const;

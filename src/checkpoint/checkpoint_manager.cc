@@ -18,6 +18,7 @@
 #include "checkpoint/agreement.h"
 #include "checkpoint/catalog.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/dir_lock.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/loader.h"
 #include "checkpoint/manifest.h"
@@ -62,6 +63,11 @@ class CheckpointManager::Impl {
   void writer_loop();
   void persist(Job& job);
 
+  std::string parent_name() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return parent_;
+  }
+
   ProcessGroupPtr comm_;
   ckpt::CommitConfig cfg_;
   bool async_;
@@ -75,6 +81,11 @@ class CheckpointManager::Impl {
   std::exception_ptr error_;  // its failure, rethrown by wait()
   bool stop_ = false;
   SaveStats stats_;
+  // The checkpoint the state descends from: the last one loaded or saved
+  // ("" before either), the next manifest's parent.
+  std::string parent_;
+  std::shared_ptr<ckpt::DirLock> lock_;  // rank 0 only
+  ckpt::FreshStartRule fresh_;
   std::thread writer_;
 };
 
@@ -92,10 +103,29 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
   cfg_.keep_last = std::max(1, cfg_.keep_last);
   cfg_.timeout_s = ckpt::agreement_timeout(o.timeout_s);
   cfg_.direct_io = o.direct_io;
+  cfg_.file_mode = ckpt::permission_mode(o.file_mode, "TUTTI_CKPT_FILE_MODE");
+  cfg_.dir_mode = ckpt::permission_mode(o.dir_mode, "TUTTI_CKPT_DIR_MODE");
   cfg_.mesh = o.mesh_json.empty()
                   ? nlohmann::json{{"world_size", group->size()}}
                   : ckpt::parse_user_metadata(o.mesh_json);
   comm_ = group->split_group(0, group->rank(), group->name() + "/checkpoint");
+  // Rank 0 holds the directory lock for the job; every rank learns the
+  // outcome, so a second job fails on all its ranks naming the owner.
+  std::string lock_error;
+  if (comm_->rank() == 0) {
+    try {
+      lock_ = ckpt::DirLock::acquire(cfg_.root, ckpt::default_job_id(), cfg_.file_mode,
+                                     cfg_.dir_mode);
+    } catch (const Error& e) {
+      lock_error = e.message();
+    }
+  }
+  lock_error = ckpt::Agreement(*comm_, cfg_.timeout_s, "checkpoint directory lock")
+                   .broadcast(lock_error, 0, "locking the directory");
+  if (!lock_error.empty())
+    TUTTI_THROW(kInvalidArgument, "CheckpointManager: ",
+                comm_->rank() == 0 ? "" : "rank 0 reports: ", lock_error);
+  fresh_ = ckpt::make_fresh_start_rule(o.fresh_start, lock_ && lock_->existed_before());
   if (async_) writer_ = std::thread([this] { writer_loop(); });
 }
 
@@ -140,9 +170,11 @@ void CheckpointManager::Impl::writer_loop() {
 void CheckpointManager::Impl::persist(Job& job) {
   copier_.wait();  // CUDA copies landed in host memory
   ckpt::CommitTimes t;
-  ckpt::persist_and_commit(*comm_, cfg_, job.step, job.snap, job.metadata,
-                           job.components, &t);
+  const std::string parent = parent_name();
+  const std::string name = ckpt::persist_and_commit(*comm_, cfg_, job.step, parent, job.snap,
+                                                    job.metadata, job.components, &t);
   std::lock_guard<std::mutex> lock(mu_);
+  parent_ = name;
   stats_.write_s = t.write_s;
   stats_.commit_s = t.commit_s;
   stats_.direct_io = t.direct_io;
@@ -218,7 +250,13 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
 std::optional<LoadResult> CheckpointManager::Impl::load(const StateDict& state,
                                                        const LoadOptions& options) {
   wait();
-  return ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, options, pool_);
+  auto r = ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, options, fresh_,
+                                 pool_);
+  if (r && options.resume) {
+    std::lock_guard<std::mutex> lock(mu_);
+    parent_ = r->name;
+  }
+  return r;
 }
 
 // ---- public wrappers --------------------------------------------------------

@@ -25,19 +25,10 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // Rank 0: the first of step-N, step-N.1, ... that is free or incomplete
 // (an incomplete one is a leftover of an interrupted save: removed).
-int choose_suffix(const std::string& root, int64_t step) {
-  make_dirs(root);
+int choose_suffix(const std::string& root, int64_t step, unsigned dir_mode) {
+  make_dirs(root, dir_mode);
   for (int suffix = 0;; ++suffix) {
     const std::string path = join_path(root, checkpoint_name(step, suffix));
     if (!path_exists(path)) return suffix;
@@ -59,7 +50,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 }  // namespace
 
 std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
-                               int64_t step, const Snapshot& snap,
+                               int64_t step, const std::string& parent,
+                               const Snapshot& snap,
                                const nlohmann::json& metadata,
                                const std::vector<std::string>& components,
                                CommitTimes* times) {
@@ -68,22 +60,41 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   Agreement agree(comm, cfg.timeout_s, what);
   const int rank = agree.rank(), world = agree.size();
 
-  // 0. The directory.
+  // 0. The directory.  A complete checkpoint ordered after this one is a
+  // history this job neither loaded nor wrote (another job, or a volume
+  // mounted after the load): refuse rather than publish beside it, and never
+  // rename or remove it.
   std::string prepare_error;
   int64_t suffix = -1;
   if (rank == 0) {
     try {
-      suffix = choose_suffix(cfg.root, step);
-      make_dir(join_path(cfg.root, checkpoint_name(step, static_cast<int>(suffix))));
+      suffix = choose_suffix(cfg.root, step, cfg.dir_mode);
+      const std::string newer =
+          newer_complete(cfg.root, {checkpoint_name(step, static_cast<int>(suffix)), step,
+                                    static_cast<int>(suffix), false});
+      if (!newer.empty()) {
+        suffix = -2;
+        prepare_error = detail::cat(
+            "'", cfg.root, "' holds ", newer,
+            ", newer than this save, which this job did not load or write (another "
+            "job uses the directory, or its volume was mounted after the job "
+            "started); it is left untouched: load it, or use another directory");
+      } else {
+        make_dir(join_path(cfg.root, checkpoint_name(step, static_cast<int>(suffix))),
+                 cfg.dir_mode);
+      }
     } catch (const Error& e) {
       prepare_error = e.message();
       suffix = -1;
     }
   }
   suffix = agree.broadcast(suffix, 0, "choosing the directory");
-  if (suffix < 0)
+  if (suffix < 0) {
+    prepare_error = agree.broadcast(prepare_error, 0, "choosing the directory");
+    if (suffix == -2) TUTTI_THROW(kInvalidArgument, what, " not saved: ", prepare_error);
     TUTTI_THROW(kIo, what, " not saved: rank 0 could not prepare the directory in '",
                 cfg.root, "'", prepare_error.empty() ? "" : ": ", prepare_error);
+  }
   const std::string name = checkpoint_name(step, static_cast<int>(suffix));
   const std::string dir = join_path(cfg.root, name);
 
@@ -92,9 +103,11 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   std::string write_error;
   const auto tw = Clock::now();
   try {
-    res = write_shard(dir, snap, rank, world, step, cfg.direct_io);
+    res = write_shard(dir, snap, rank, world, step, cfg.direct_io, cfg.file_mode);
   } catch (const Error& e) {
     write_error = e.message();
+    if (write_error.find(shard_file_name(rank)) == std::string::npos)
+      write_error += " (writing " + join_path(dir, shard_file_name(rank)) + ")";
   }
   if (times) {
     times->write_s = since(tw);
@@ -117,12 +130,21 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
     TUTTI_THROW(kInvalidArgument, what, " (", dir, ") was not published: rank",
                 other_step.size() > 1 ? "s " : " ", rank_list(other_step),
                 " saved another step (every rank must save the same step)");
-  if (!failed.empty())
+  if (!failed.empty()) {
+    // Every rank names every failing rank's file and error, not only the
+    // rank that found it.
+    const std::vector<std::string> texts =
+        agree.allgather_text(write_error, "reporting the failed shards");
+    std::string why;
+    for (int r : failed)
+      why += (why.empty() ? "" : "; ") +
+             (texts[static_cast<size_t>(r)].empty()
+                  ? "rank " + std::to_string(r) + ": " + shard_file_name(r)
+                  : texts[static_cast<size_t>(r)]);
     TUTTI_THROW(kIo, what, " (", dir, ") was not published: rank",
-                failed.size() > 1 ? "s " : " ", rank_list(failed),
-                " could not write ", failed.size() > 1 ? "their shards" : "its shard",
-                write_error.empty() ? std::string(" (see the error on that rank)")
-                                    : ": " + write_error);
+                failed.size() > 1 ? "s " : " ", rank_list(failed), " could not write ",
+                failed.size() > 1 ? "their shards" : "its shard", ": ", why);
+  }
   fault::fault_point("after_agree");
 
   // 3. Rank 0 publishes: manifest, then `latest`.
@@ -130,14 +152,10 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
   std::string commit_error;
   if (rank == 0) {
     try {
-      CatalogEntry me;
-      me.name = name;
-      me.step = step;
-      me.suffix = static_cast<int>(suffix);
-      set_aside_newer(cfg.root, me);
       Manifest m;
       m.name = name;
       m.step = step;
+      m.parent = parent;
       m.world_size = world;
       m.mesh = cfg.mesh;
       m.created = utc_now();
@@ -150,7 +168,7 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
                             static_cast<uint64_t>(f[4])});
       }
       try {
-        write_file_atomic(dir, kManifestName, manifest_to_json(m), "mid_manifest",
+        write_file_atomic(dir, kManifestName, manifest_to_json(m), cfg.file_mode, "mid_manifest",
                           "manifest_fsync");
       } catch (...) {
         // Not durable: make sure no reader ever sees it.
@@ -164,7 +182,7 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
     if (committed) {
       fault::fault_point("between_manifest_and_latest");
       try {
-        write_file_atomic(cfg.root, kLatestName, name + "\n");
+        write_file_atomic(cfg.root, kLatestName, name + "\n", cfg.file_mode);
       } catch (const Error& e) {
         // The manifest is durable, so the checkpoint is committed; loaders
         // do not depend on the pointer.

@@ -2,15 +2,18 @@
 // docs/checkpoint.md), run collectively on the manager's communicator:
 //   0. rank 0 picks the directory name (step-N, or step-N.k when step N is
 //      already committed), removes an incomplete leftover of that name,
-//      creates it, and broadcasts the choice;
+//      refuses when a newer complete checkpoint exists (a history this job
+//      did not load: it is never renamed or removed), creates the
+//      directory, and broadcasts the choice;
 //   1. every rank writes its shard durably (shard_writer.h);
 //   2. the ranks allgather {ok, size, header checksum}: any failure raises
 //      on every rank, naming the ranks that failed;
-//   3. rank 0 sets newer (abandoned) checkpoints aside, writes manifest.json
-//      (temp + fsync + rename + directory fsync) and then `latest`;
+//   3. rank 0 writes manifest.json (temp + fsync + rename + directory
+//      fsync; it names `parent`, the checkpoint this state continues) and
+//      then `latest`;
 //   4. rank 0 broadcasts whether the manifest is durable: every rank's save
 //      returns (or raises) only now;
-//   5. rank 0 applies retention.
+//   5. rank 0 applies retention to this timeline (retention.h).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/file_util.h"
 #include "checkpoint/snapshot.h"
 #include "tutti/process_group.h"
 
@@ -31,6 +35,8 @@ struct CommitConfig {
   double timeout_s = 0;
   nlohmann::json mesh;
   bool direct_io = true;
+  unsigned file_mode = kFileMode;
+  unsigned dir_mode = kDirMode;
 };
 
 struct CommitTimes {
@@ -39,9 +45,11 @@ struct CommitTimes {
   bool direct_io = false;
 };
 
-// Returns the committed checkpoint's directory name.
+// Returns the committed checkpoint's directory name.  `parent`: the
+// checkpoint the job loaded or last saved ("" after a fresh start).
 std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
-                               int64_t step, const Snapshot& snap,
+                               int64_t step, const std::string& parent,
+                               const Snapshot& snap,
                                const nlohmann::json& metadata,
                                const std::vector<std::string>& components,
                                CommitTimes* times);

@@ -22,6 +22,7 @@ struct Spec {
   std::string point;
   int rank = -1;  // -1: every rank
   int hit = 1;    // fire on the hit-th time the point is reached
+  int times = 1;  // ... and on the times-1 hits after it
   Action action = Action::kKill;
   int seen = 0;
 };
@@ -69,6 +70,8 @@ Spec parse_spec(const std::string& text) {
       s.rank = parse_int(val, text);
     } else if (key == "hit") {
       s.hit = std::max(1, parse_int(val, text));
+    } else if (key == "times") {
+      s.times = std::max(1, parse_int(val, text));
     } else if (key == "action") {
       if (val == "kill") s.action = Action::kKill;
       else if (val == "fail") s.action = Action::kFail;
@@ -77,7 +80,7 @@ Spec parse_spec(const std::string& text) {
                        "' in '", text, "' (expected kill, fail or stall)");
     } else {
       TUTTI_THROW(kInvalidArgument, "TUTTI_FAULT_INJECT: unknown key '", key,
-                  "' in '", text, "' (expected rank=, hit=, action=)");
+                  "' in '", text, "' (expected rank=, hit=, times=, action=)");
     }
   }
   bool known = false;
@@ -122,6 +125,8 @@ const std::vector<std::string>& known_points() {
       "after_latest",        // `latest` replaced; retention not yet run
       "during_retention",    // an old checkpoint's manifest was removed,
                              // its shards not yet
+      "load_read",           // a load opens a checkpoint on this rank
+                             // (action=fail: a read error such as EIO)
   };
   return points;
 }
@@ -138,7 +143,9 @@ void fault_point(const char* point) {
     Spec* match = nullptr;
     for (auto& s : st.specs)
       if (s.point == point && (s.rank < 0 || s.rank == rank)) match = &s;
-    if (!match || ++match->seen != match->hit) return;
+    if (!match) return;
+    ++match->seen;
+    if (match->seen < match->hit || match->seen >= match->hit + match->times) return;
     action = match->action;
   }
   switch (action) {

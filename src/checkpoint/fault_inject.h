@@ -1,9 +1,9 @@
 // Test-only fault injection at named points of the checkpoint protocol.
 //
-// TUTTI_FAULT_INJECT=<point>[:rank=R][:hit=K][:action=kill|fail|stall], and
-// several specs separated by ','.  When this process (world rank R, or any
-// rank without rank=) reaches <point> for the K-th time (default: the first),
-// the action runs:
+// TUTTI_FAULT_INJECT=<point>[:rank=R][:hit=K][:times=N][:action=kill|fail|stall],
+// and several specs separated by ','.  When this process (world rank R, or
+// any rank without rank=) reaches <point> for the K-th time (default: the
+// first), and for the N-1 times after it (default N = 1), the action runs:
 //   kill   SIGKILL this process at once (no cleanup, no flush: a power cut
 //          or an OOM kill as far as the files are concerned)
 //   fail   throw Error(kIo) "injected failure at <point>", handled exactly as

@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "checkpoint/fault_inject.h"
 #include "core/check.h"
+#include "tutti/config.h"
 
 namespace tutti {
 namespace ckpt {
@@ -39,8 +42,16 @@ File& File::operator=(File&& o) noexcept {
   return *this;
 }
 
-File File::create(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+File File::create(const std::string& path, unsigned mode) {
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(path.c_str(), flags, static_cast<mode_t>(mode));
+  if (fd < 0 && errno == EEXIST) {
+    // A leftover of an earlier process with the same name, or something
+    // planted there: unlink removes the name (a symlink itself, never its
+    // target); O_EXCL then guarantees a file of our own.
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) io_error("removing", path, errno);
+    fd = ::open(path.c_str(), flags, static_cast<mode_t>(mode));
+  }
   if (fd < 0) io_error("creating", path, errno);
   return File(fd, path);
 }
@@ -69,7 +80,7 @@ void File::write_all(const void* data, size_t n) {
 
 bool File::open_direct(const std::string& path, File* out) {
 #ifdef O_DIRECT
-  const int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == EINVAL || errno == EOPNOTSUPP) return false;
     io_error("opening for direct I/O", path, errno);
@@ -135,6 +146,29 @@ void File::close() {
   if (::close(fd) != 0) io_error("closing", path_, errno);
 }
 
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+unsigned permission_mode(unsigned requested, const char* setting) {
+  if (requested != 0) {
+    TUTTI_ARG_CHECK(requested <= 0777, "checkpoint permission mode ", requested,
+                    " (decimal) is not in 0..0777");
+    return requested;
+  }
+  const std::string v = config::get_string(setting);
+  char* end = nullptr;
+  const unsigned long m = std::strtoul(v.c_str(), &end, 8);
+  TUTTI_ARG_CHECK(!v.empty() && *end == '\0' && m > 0 && m <= 0777, setting, "='", v,
+                  "' is not an octal mode in 1..0777");
+  return static_cast<unsigned>(m);
+}
+
 std::string join_path(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
   if (dir.back() == '/') return dir + name;
@@ -151,17 +185,17 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-void make_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) == 0) return;
+void make_dir(const std::string& path, unsigned mode) {
+  if (::mkdir(path.c_str(), static_cast<mode_t>(mode)) == 0) return;
   if (errno == EEXIST && is_directory(path)) return;
   io_error("creating directory", path, errno);
 }
 
-void make_dirs(const std::string& path) {
+void make_dirs(const std::string& path, unsigned mode) {
   if (path.empty() || is_directory(path)) return;
   const size_t slash = path.find_last_of('/', path.size() > 1 ? path.size() - 2 : 0);
-  if (slash != std::string::npos && slash > 0) make_dirs(path.substr(0, slash));
-  make_dir(path);
+  if (slash != std::string::npos && slash > 0) make_dirs(path.substr(0, slash), mode);
+  make_dir(path, mode);
 }
 
 void fsync_dir(const std::string& dir) {
@@ -232,13 +266,13 @@ std::string read_file(const std::string& path, uint64_t max_bytes) {
 }
 
 void write_file_atomic(const std::string& dir, const std::string& name,
-                       const std::string& content, const char* fault_mid,
+                       const std::string& content, unsigned mode, const char* fault_mid,
                        const char* fault_sync) {
   const std::string tmp =
       join_path(dir, "." + name + ".tmp." + std::to_string(::getpid()));
   const std::string final_path = join_path(dir, name);
   try {
-    File f = File::create(tmp);
+    File f = File::create(tmp, mode);
     f.write_all(content.data(), content.size());
     if (fault_mid) fault::fault_point(fault_mid);
     if (fault_sync) fault::fault_point(fault_sync);

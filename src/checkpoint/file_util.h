@@ -17,6 +17,11 @@
 namespace tutti {
 namespace ckpt {
 
+// Default permissions of what tutti creates (CheckpointOptions::file_mode,
+// dir_mode; TUTTI_CKPT_FILE_MODE, TUTTI_CKPT_DIR_MODE).
+constexpr unsigned kFileMode = 0600;
+constexpr unsigned kDirMode = 0700;
+
 // An owned file descriptor.
 class File {
  public:
@@ -27,8 +32,11 @@ class File {
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
-  // Creates or truncates `path` for writing (mode 0644).
-  static File create(const std::string& path);
+  // Creates `path` for writing with O_EXCL | O_NOFOLLOW and `mode` (less
+  // the umask): a file or a symlink planted at the name is unlinked (never
+  // followed) and the creation retried once, so tutti never writes through
+  // a link into another file.
+  static File create(const std::string& path, unsigned mode = kFileMode);
   static File open_read(const std::string& path);
   // Opens an existing file for O_DIRECT writes; false (and no file) where the
   // file system does not support direct I/O (tmpfs, some FUSE and network
@@ -56,13 +64,20 @@ class File {
   std::string path_;
 };
 
+// "2026-01-31T12:00:00Z"
+std::string utc_now();
+
+// `requested` when non-zero, else the octal setting `setting` ("0600");
+// kInvalidArgument when not in 0..0777.
+unsigned permission_mode(unsigned requested, const char* setting);
+
 std::string join_path(const std::string& dir, const std::string& name);
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
-// mkdir; an existing directory is fine.
-void make_dir(const std::string& path);
+// mkdir; an existing directory is fine (its mode is left as it is).
+void make_dir(const std::string& path, unsigned mode = kDirMode);
 // Creates the directory and missing parents.
-void make_dirs(const std::string& path);
+void make_dirs(const std::string& path, unsigned mode = kDirMode);
 void fsync_dir(const std::string& dir);
 void rename_path(const std::string& from, const std::string& to);
 // unlink; a missing file is fine.
@@ -77,11 +92,12 @@ std::string read_file(const std::string& path, uint64_t max_bytes);
 
 // Publishes `content` as dir/name: writes dir/.name.tmp.<pid>, fsyncs it,
 // renames it over dir/name and fsyncs dir.  On any failure the temp file is
-// removed and dir/name is left as it was.  `fault_mid` / `fault_sync` name
+// removed and dir/name is left as it was.  The temp file is created with
+// File::create (O_EXCL | O_NOFOLLOW, `mode`).  `fault_mid` / `fault_sync` name
 // fault-injection points hit after the write and before the fsync
 // (nullptr: none).
 void write_file_atomic(const std::string& dir, const std::string& name,
-                       const std::string& content,
+                       const std::string& content, unsigned mode,
                        const char* fault_mid = nullptr,
                        const char* fault_sync = nullptr);
 

@@ -24,7 +24,7 @@ OpenedCheckpoint open_checkpoint(const std::string& dir) {
   OpenedCheckpoint c;
   c.dir = dir;
   const std::string mpath = join_path(dir, kManifestName);
-  c.manifest = parse_manifest(read_file(mpath, max_header_bytes()), mpath);
+  c.manifest = read_manifest(dir);
   const size_t slash = dir.find_last_of('/');
   const std::string base = slash == std::string::npos ? dir : dir.substr(slash + 1);
   if (c.manifest.name != base)

@@ -1,14 +1,21 @@
 #include "checkpoint/loader.h"
 
+#include <chrono>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/agreement.h"
 #include "checkpoint/catalog.h"
+#include "checkpoint/dir_lock.h"
+#include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/load_plan.h"
+#include "checkpoint/retention.h"
 #include "checkpoint/shard_reader.h"
 #include "checkpoint/untrusted_json.h"
 #include "core/check.h"
+#include "tutti/config.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -17,11 +24,32 @@ namespace {
 
 using json = nlohmann::json;
 
-enum Status : int64_t { kOk = 0, kRejected = 1, kDoesNotFit = 2 };
+// kRejected: the checkpoint is corrupt (try an older one); kDoesNotFit:
+// the caller's state differs (raise); kTransient: an I/O error (retry, then
+// raise).
+enum Status : int64_t { kOk = 0, kRejected = 1, kDoesNotFit = 2, kTransient = 3 };
+constexpr int kReadAttempts = 3;
 
-// Rank 0's view of the directory: complete checkpoints, newest first.
-std::string list_candidates(const std::string& root, int64_t step) {
-  json out = {{"names", json::array()}, {"error", ""}};
+int64_t classify(const Error& e) {
+  switch (e.code()) {
+    case ErrorCode::kMismatch:
+    case ErrorCode::kInvalidArgument: return kDoesNotFit;
+    case ErrorCode::kIo: return kTransient;
+    default: return kRejected;
+  }
+}
+
+bool all_ok(const std::vector<int64_t>& st) {
+  for (int64_t v : st)
+    if (v != kOk) return false;
+  return true;
+}
+
+// Rank 0's view of the directory: complete checkpoints, newest first, and
+// whether an empty result may start fresh.
+std::string list_candidates(const std::string& root, int64_t step,
+                            const FreshStartRule& fresh) {
+  json out = {{"names", json::array()}, {"error", ""}, {"fresh_refusal", ""}};
   try {
     auto all = scan_catalog(root);
     std::string newest;
@@ -36,6 +64,7 @@ std::string list_candidates(const std::string& root, int64_t step) {
                        << (latest.empty() ? "nothing" : latest) << " but " << newest
                        << " is the newest complete checkpoint (a save was "
                           "interrupted between its manifest and the pointer)";
+    if (step < 0 && out["names"].empty()) out["fresh_refusal"] = fresh_start_refusal(root, fresh);
   } catch (const Error& e) {
     out["error"] = e.message();
   }
@@ -49,16 +78,93 @@ std::string ranks_with(const std::vector<int64_t>& st, int64_t value) {
   return s;
 }
 
+// The job resumes from `name`: rank 0 sets newer complete checkpoints aside
+// (retention.h) before any rank returns, so that neither a later fallback
+// nor a restart before the next save returns to the abandoned timeline.
+void abandon_after(Agreement& agree, const std::string& root, const std::string& name) {
+  std::string error;
+  if (agree.rank() == 0) {
+    try {
+      CatalogEntry me;
+      me.name = name;
+      parse_checkpoint_name(name, &me.step, &me.suffix);
+      abandon_newer(root, me);
+    } catch (const Error& e) {
+      error = e.message();
+    }
+  }
+  error = agree.broadcast(error, 0, "setting an abandoned timeline aside");
+  if (!error.empty())
+    TUTTI_THROW(kIo, "checkpoint ", name, " was loaded, but rank 0 could not set the newer "
+                "checkpoints of the abandoned timeline aside: ", error);
+}
+
+// "rank 1: '<file>': ...; rank 2: ..." for the ranks whose status is `value`.
+std::string reasons_of(const std::vector<std::string>& texts, const std::vector<int64_t>& st,
+                       int64_t value) {
+  std::string out;
+  for (size_t r = 0; r < st.size(); ++r)
+    if (st[r] == value)
+      out += (out.empty() ? "" : "; ") +
+             (texts[r].empty() ? "rank " + std::to_string(r) + " (no reason given)" : texts[r]);
+  return out;
+}
+
 }  // namespace
+
+FreshStartRule make_fresh_start_rule(FreshStart requested, bool dir_used_before) {
+  FreshStartRule r;
+  r.dir_used_before = dir_used_before;
+  r.restart_count = config::get_int("TUTTI_RESTART_COUNT");
+  r.policy = requested;
+  r.source = "CheckpointOptions::fresh_start";
+  if (requested == FreshStart::kFromSetting) {
+    const std::string v = config::get_string("TUTTI_CKPT_FRESH_START");
+    r.source = "TUTTI_CKPT_FRESH_START=" + v;
+    if (v == "auto") r.policy = FreshStart::kAuto;
+    else if (v == "allow") r.policy = FreshStart::kAllow;
+    else if (v == "refuse") r.policy = FreshStart::kRefuse;
+    else TUTTI_THROW(kInvalidArgument, "TUTTI_CKPT_FRESH_START='", v,
+                     "' (expected auto, allow or refuse)");
+  }
+  return r;
+}
+
+std::string fresh_start_refusal(const std::string& root, const FreshStartRule& rule) {
+  if (rule.policy == FreshStart::kRefuse)
+    return rule.source == "CheckpointOptions::fresh_start"
+               ? "fresh_start is kRefuse (the job must resume)"
+               : rule.source + " (the job must resume)";
+  std::vector<std::string> why;
+  const std::string latest = read_latest(root);
+  if (!latest.empty()) why.push_back("'latest' names " + latest);
+  if (is_directory(root))
+    for (const auto& n : list_dir(root))
+      if (n.compare(0, 10, "abandoned-") == 0 || n.compare(0, 6, "stale-") == 0) {
+        why.push_back("it holds " + n);
+        break;
+      }
+  if (rule.restart_count > 0 && !rule.dir_used_before)
+    why.push_back(detail::cat("this is restart ", rule.restart_count,
+                              " (TUTTI_RESTART_COUNT) but no earlier run used the directory "
+                              "(it had no ", kLockName, ")"));
+  std::string all;
+  for (const auto& w : why) all += (all.empty() ? "" : "; ") + w;
+  if (all.empty() || rule.policy == FreshStart::kAuto) return all;
+  TUTTI_LOG(kWarn) << "no complete checkpoint in '" << root << "' although " << all
+                   << ": starting fresh as " << rule.source << " allows";
+  return "";
+}
 
 std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string& root,
                                           double timeout_s, const StateDict& dst,
                                           const LoadOptions& options,
+                                          const FreshStartRule& fresh,
                                           HostBufferPool& pool) {
   Agreement agree(comm, timeout_s, "checkpoint load from '" + root + "'");
   const int rank = agree.rank(), world = agree.size();
   std::string listing =
-      agree.broadcast(rank == 0 ? list_candidates(root, options.step) : std::string(),
+      agree.broadcast(rank == 0 ? list_candidates(root, options.step, fresh) : std::string(),
                       0, "listing checkpoints");
   const json list = parse_untrusted_json(listing, 3, "checkpoint listing");
   if (!list["error"].get<std::string>().empty())
@@ -68,6 +174,13 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
     if (options.step >= 0)
       TUTTI_THROW(kNotFound, "no complete checkpoint of step ", options.step,
                   " in '", root, "'");
+    const std::string refusal = list["fresh_refusal"].get<std::string>();
+    if (!refusal.empty())
+      TUTTI_THROW(kNotFound, "no complete checkpoint in '", root,
+                  "', but a history was expected: ", refusal,
+                  ". Is the volume mounted, is this the right directory? To start "
+                  "from scratch anyway set CheckpointOptions::fresh_start = "
+                  "FreshStart::kAllow or TUTTI_CKPT_FRESH_START=allow");
     TUTTI_LOG(kInfo) << "no complete checkpoint in '" << root << "': starting fresh";
     return std::nullopt;
   }
@@ -77,64 +190,77 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
   for (const auto& jn : list["names"]) {
     const std::string name = jn.get<std::string>();
     const std::string dir = join_path(root, name);
-    int64_t status = kOk;
-    std::string reason;
-    OpenedCheckpoint ckpt;
-    LoadPlan plan;
-    try {
-      ckpt = open_checkpoint(dir);
-      plan = plan_load(ckpt, dst, options, rank);
-      std::set<int> verify = plan.shards_read;
-      for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world)
-        verify.insert(s);
-      for (int s : verify) verify_shard_data(ckpt.shards[static_cast<size_t>(s)], pool);
-    } catch (const Error& e) {
-      status = (e.code() == ErrorCode::kMismatch ||
-                e.code() == ErrorCode::kInvalidArgument)
-                   ? kDoesNotFit
-                   : kRejected;
-      reason = e.message();
-    }
-    std::vector<int64_t> st = agree.allgather({status}, "verifying a checkpoint");
-    const std::string misfits = ranks_with(st, kDoesNotFit);
-    if (!misfits.empty()) {
-      if (status == kDoesNotFit)
-        TUTTI_THROW(kMismatch, "checkpoint ", dir, " does not fit the state: ", reason);
-      TUTTI_THROW(kMismatch, "checkpoint ", dir,
-                  " does not fit the state on rank(s) ", misfits,
-                  " (see the error there)");
-    }
-    if (ranks_with(st, kRejected).empty()) {
-      // Verified everywhere: now write into the destination tensors.
-      touched = true;
+    for (int attempt = 1;; ++attempt) {
+      int64_t status = kOk;
+      std::string reason;
+      OpenedCheckpoint ckpt;
+      LoadPlan plan;
       try {
-        execute_plan(ckpt, plan, dst, pool);
+        fault::fault_point("load_read");
+        ckpt = open_checkpoint(dir);
+        plan = plan_load(ckpt, dst, options, rank);
+        std::set<int> verify = plan.shards_read;
+        for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world)
+          verify.insert(s);
+        for (int s : verify) verify_shard_data(ckpt.shards[static_cast<size_t>(s)], pool);
       } catch (const Error& e) {
-        status = kRejected;
+        status = classify(e);
         reason = e.message();
       }
-      st = agree.allgather({status}, "reading a checkpoint");
+      std::vector<int64_t> st = agree.allgather({status}, "verifying a checkpoint");
+      if (all_ok(st)) {
+        // Verified everywhere: now write into the destination tensors.
+        touched = true;
+        try {
+          execute_plan(ckpt, plan, dst, pool);
+        } catch (const Error& e) {
+          status = classify(e);
+          reason = e.message();
+        }
+        st = agree.allgather({status}, "reading a checkpoint");
+      }
+      if (all_ok(st)) {
+        if (options.resume) abandon_after(agree, root, name);
+        LoadResult r;
+        r.step = ckpt.manifest.step;
+        r.name = name;
+        r.metadata_json = ckpt.manifest.metadata.dump();
+        r.saved_world_size = ckpt.manifest.world_size;
+        r.skipped = plan.skipped;
+        if (plan.unused > 0)
+          TUTTI_LOG(kInfo) << "checkpoint " << name << ": " << plan.unused
+                           << " stored tensors were not asked for";
+        TUTTI_LOG(kInfo) << "loaded checkpoint " << name << " (step " << r.step
+                         << ", written by " << r.saved_world_size << " ranks)";
+        return r;
+      }
+      // Every rank learns every failing rank's reason (file, offset, errno).
+      const std::vector<std::string> texts =
+          agree.allgather_text(reason, "reporting a checkpoint's problems");
+      if (!ranks_with(st, kDoesNotFit).empty())
+        TUTTI_THROW(kMismatch, "checkpoint ", dir, " does not fit the state: ",
+                    reasons_of(texts, st, kDoesNotFit));
+      if (!ranks_with(st, kTransient).empty()) {
+        // An I/O error (EIO, ESTALE, EMFILE, ...) says nothing about the
+        // checkpoint: retry it, then raise; never fall back to an older one
+        // (which would also abandon this one's timeline).
+        const std::string why = reasons_of(texts, st, kTransient);
+        if (attempt < kReadAttempts) {
+          TUTTI_LOG(kWarn) << "checkpoint " << name << ": read error (attempt " << attempt
+                           << " of " << kReadAttempts << "), retrying: " << why;
+          std::this_thread::sleep_for(std::chrono::milliseconds(200 << (attempt - 1)));
+          continue;
+        }
+        TUTTI_THROW(kIo, "checkpoint ", dir, " could not be read after ", kReadAttempts,
+                    " attempts (an I/O error is not corruption: no older checkpoint was "
+                    "tried and nothing was set aside): ", why);
+      }
+      const std::string why = reasons_of(texts, st, kRejected);
+      TUTTI_LOG(kWarn) << "checkpoint " << name << " cannot be used, trying an older one: "
+                       << why;
+      reasons.push_back(name + ": " + why);
+      break;
     }
-    const std::string rejecting = ranks_with(st, kRejected);
-    if (rejecting.empty()) {
-      LoadResult r;
-      r.step = ckpt.manifest.step;
-      r.name = name;
-      r.metadata_json = ckpt.manifest.metadata.dump();
-      r.saved_world_size = ckpt.manifest.world_size;
-      r.skipped = plan.skipped;
-      if (plan.unused > 0)
-        TUTTI_LOG(kInfo) << "checkpoint " << name << ": " << plan.unused
-                         << " stored tensors were not asked for";
-      TUTTI_LOG(kInfo) << "loaded checkpoint " << name << " (step " << r.step
-                       << ", written by " << r.saved_world_size << " ranks)";
-      return r;
-    }
-    const std::string why =
-        reason.empty() ? "rejected by rank(s) " + rejecting + " (see their log)" : reason;
-    TUTTI_LOG(kWarn) << "checkpoint " << name << " cannot be used, trying an older one: "
-                     << why;
-    reasons.push_back(name + ": " + why);
   }
   std::string all;
   for (const auto& r : reasons) all += "; " + r;

@@ -15,9 +15,27 @@
 namespace tutti {
 namespace ckpt {
 
+// When the directory holds no complete checkpoint (CheckpointOptions::
+// fresh_start).
+struct FreshStartRule {
+  FreshStart policy = FreshStart::kAuto;  // kAuto, kAllow or kRefuse
+  std::string source;                     // where the policy came from
+  bool dir_used_before = true;  // rank 0: tutti.lock existed before this job
+  int64_t restart_count = 0;    // TUTTI_RESTART_COUNT
+};
+
+// Resolves kFromSetting (TUTTI_CKPT_FRESH_START); kInvalidArgument for an
+// unknown value.
+FreshStartRule make_fresh_start_rule(FreshStart requested, bool dir_used_before);
+
+// Rank 0, when no complete checkpoint exists: "" when starting fresh is
+// fine, else the refusal (why a history was expected).
+std::string fresh_start_refusal(const std::string& root, const FreshStartRule& rule);
+
 std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string& root,
                                           double timeout_s, const StateDict& dst,
                                           const LoadOptions& options,
+                                          const FreshStartRule& fresh,
                                           HostBufferPool& pool);
 
 // Single-process full verification ("" when valid).

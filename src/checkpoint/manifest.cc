@@ -2,6 +2,11 @@
 
 #include <cstdio>
 
+#include <xxhash.h>
+
+#include "checkpoint/catalog.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/untrusted_json.h"
 #include "core/check.h"
 
@@ -11,6 +16,17 @@ namespace {
 
 using json = nlohmann::json;
 constexpr int kMaxDepth = 64;  // user metadata may nest; bounded all the same
+constexpr int64_t kVersion = 2;  // 2: manifest_xxh64 and parent
+constexpr const char* kChecksumKey = "manifest_xxh64";
+
+// The checksum covers the manifest's meaning, not its bytes: XXH64 of the
+// canonical dump (sorted keys, as written) of everything but the checksum
+// itself.  Any bit flip either breaks the JSON or changes a value, a key or
+// a string, and with it the canonical dump.
+uint64_t body_xxh64(const json& body) {
+  const std::string text = body.dump(1);
+  return XXH64(text.data(), text.size(), 0);
+}
 
 }  // namespace
 
@@ -30,15 +46,17 @@ std::string manifest_to_json(const Manifest& m) {
                       {"tensors", s.tensors},
                       {"data_bytes", s.data_bytes}});
   json j = {{"format", "tutti-checkpoint"},
-            {"version", 1},
+            {"version", kVersion},
             {"name", m.name},
             {"step", m.step},
+            {"parent", m.parent},
             {"world_size", m.world_size},
             {"mesh", m.mesh},
             {"created", m.created},
             {"shards", shards},
             {"components", m.components},
             {"metadata", m.metadata}};
+  j[kChecksumKey] = hex64(body_xxh64(j));
   return j.dump(1) + "\n";
 }
 
@@ -46,12 +64,33 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   const json j = parse_untrusted_json(text, kMaxDepth, path);
   if (json_string(j, "format", path) != "tutti-checkpoint")
     TUTTI_THROW(kCorrupt, "'", path, "' is not a tutti checkpoint manifest");
-  if (json_int(j, "version", path) != 1)
+  const int64_t version = json_int(j, "version", path);
+  if (version != 1 && version != kVersion)
     TUTTI_THROW(kCorrupt, "'", path, "': manifest version ", j["version"].dump(),
-                " is not supported (this build reads version 1)");
+                " is not supported (this build reads versions 1 and ", kVersion, ")");
+  if (version >= 2) {
+    // Version 1 (older tutti) had no checksum; from 2 on it is mandatory, so
+    // a flip that renames the key cannot switch the check off.
+    json body = j;
+    body.erase(kChecksumKey);
+    const uint64_t want = parse_hex64(json_string(j, kChecksumKey, path), path);
+    const uint64_t got = body_xxh64(body);
+    if (got != want)
+      TUTTI_THROW(kCorrupt, "'", path, "': manifest checksum ", hex64(got),
+                  " does not match the stored ", hex64(want),
+                  " (the manifest was altered after it was written)");
+  }
   Manifest m;
   m.name = json_string(j, "name", path);
   m.step = json_int(j, "step", path);
+  if (j.contains("parent")) {
+    m.parent = json_string(j, "parent", path);
+    int64_t ps;
+    int pf;
+    if (!m.parent.empty() && !parse_checkpoint_name(m.parent, &ps, &pf))
+      TUTTI_THROW(kCorrupt, "'", path, "': parent '", m.parent,
+                  "' is not a checkpoint name");
+  }
   const int64_t world = json_int(j, "world_size", path);
   if (m.step < 0 || world < 1 || world > (1 << 24))
     TUTTI_THROW(kCorrupt, "'", path, "': step ", m.step, " / world size ", world,
@@ -93,6 +132,11 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     m.shards.push_back(s);
   }
   return m;
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = join_path(dir, kManifestName);
+  return parse_manifest(read_file(path, max_header_bytes()), path);
 }
 
 json parse_user_metadata(const std::string& text) {

@@ -1,14 +1,39 @@
 #include "checkpoint/retention.h"
 
 #include <algorithm>
+#include <set>
 
 #include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
+#include "checkpoint/manifest.h"
 #include "tutti/error.h"
 #include "tutti/log.h"
 
 namespace tutti {
 namespace ckpt {
+namespace {
+
+// The names on `current`'s chain of manifest parents.  A manifest that
+// cannot be read ends the chain (its ancestors are then left alone).
+std::set<std::string> timeline_of(const std::string& root, const std::string& current,
+                                  const std::vector<CatalogEntry>& all) {
+  std::set<std::string> complete, line;
+  for (const auto& e : all)
+    if (e.complete) complete.insert(e.name);
+  std::string name = current;
+  while (!name.empty() && complete.count(name) && line.insert(name).second) {
+    try {
+      name = read_manifest(join_path(root, name)).parent;
+    } catch (const Error& e) {
+      TUTTI_LOG(kWarn) << "checkpoint retention: the timeline ends at " << name << ": "
+                       << e.message();
+      break;
+    }
+  }
+  return line;
+}
+
+}  // namespace
 
 void remove_checkpoint(const std::string& root, const std::string& name) {
   const std::string path = join_path(root, name);
@@ -28,11 +53,12 @@ void apply_retention(const std::string& root, const std::string& current,
     TUTTI_LOG(kWarn) << "checkpoint retention skipped: " << e.message();
     return;
   }
+  // Newest first: this timeline's complete checkpoints.  `current` counts
+  // as kept whatever its position.
+  const std::set<std::string> line = timeline_of(root, current, all);
   std::vector<std::string> complete;
-  for (const auto& e : all)
-    if (e.complete) complete.push_back(e.name);
-  // Newest first; `current` counts as kept whatever its position.
-  std::reverse(complete.begin(), complete.end());
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->complete && line.count(it->name)) complete.push_back(it->name);
   int kept = 0;
   bool current_kept = false;
   std::vector<std::string> doomed;
@@ -84,19 +110,32 @@ void apply_retention(const std::string& root, const std::string& current,
   }
 }
 
-void set_aside_newer(const std::string& root, const CatalogEntry& current) {
-  for (const auto& e : scan_catalog(root)) {
-    if (!e.complete || !(current < e)) continue;
-    const std::string to = join_path(root, "stale-" + e.name);
-    remove_tree(to);
-    rename_path(join_path(root, e.name), to);
-    TUTTI_LOG(kWarn) << "checkpoint " << e.name
-                     << " is newer than the one being saved (" << current.name
-                     << "): this job resumed from an older checkpoint, so "
-                     << e.name << " was renamed to stale-" << e.name
-                     << " and will not be loaded";
+std::string newer_complete(const std::string& root, const CatalogEntry& current) {
+  const auto all = scan_catalog(root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->complete && current < *it) return it->name;
+  return "";
+}
+
+std::vector<std::string> abandon_newer(const std::string& root, const CatalogEntry& loaded) {
+  std::vector<std::string> moved;
+  const auto all = scan_catalog(root);
+  // Newest first: a kill half-way leaves the oldest abandoned ones, which a
+  // restart that falls back again abandons in turn.
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->complete || !(loaded < *it)) continue;
+    std::string to = "abandoned-" + it->name;
+    for (int k = 2; path_exists(join_path(root, to)); ++k)
+      to = "abandoned-" + it->name + "-" + std::to_string(k);
+    rename_path(join_path(root, it->name), join_path(root, to));
+    moved.push_back(to);
+    TUTTI_LOG(kWarn) << "checkpoint " << it->name << " is newer than " << loaded.name
+                     << ", which this job resumed from: its timeline is abandoned, "
+                     << "kept as " << to << " (never loaded, never counted by "
+                     << "keep_last; remove it by hand)";
   }
-  fsync_dir(root);
+  if (!moved.empty()) fsync_dir(root);
+  return moved;
 }
 
 }  // namespace ckpt

@@ -8,24 +8,34 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "checkpoint/catalog.h"
 
 namespace tutti {
 namespace ckpt {
 
-// Keeps the newest `keep_last` (>= 1) complete checkpoints, `current`
-// always among them; removes older complete ones, incomplete leftovers
-// other than `current`, and temp files of interrupted pointer updates.
-// Failures are logged, not thrown: the new checkpoint is already committed.
+// Keeps the newest `keep_last` (>= 1) complete checkpoints of `current`'s
+// timeline (the chain of manifest parents from `current`), `current` always
+// among them, and removes its older ones.  Complete checkpoints outside the
+// timeline (another run's history, abandoned timelines) are neither counted
+// nor removed.  Also removes incomplete leftovers other than `current` and
+// temp files of interrupted pointer updates.  Failures are logged, not
+// thrown: the new checkpoint is already committed.
 void apply_retention(const std::string& root, const std::string& current,
                      int keep_last);
 
-// Before `current` is published: complete checkpoints ordered after it are
-// from a timeline the job abandoned (it resumed from an older one, e.g.
-// because the newer failed verification).  They are renamed to
-// "stale-<name>" so that the loader never prefers them over `current`.
-void set_aside_newer(const std::string& root, const CatalogEntry& current);
+// The newest complete checkpoint ordered after `current`, or "" (a save of
+// `current` refuses to publish under such a history: see commit.cc).
+std::string newer_complete(const std::string& root, const CatalogEntry& current);
+
+// After a job resumed from `loaded`: the complete checkpoints ordered after
+// it belong to a timeline the job abandoned.  Each is renamed
+// "abandoned-<name>" ("abandoned-<name>-<k>" when taken) so that no load
+// ever returns to it and retention never counts it; they are kept for
+// inspection and never removed by tutti.  Returns the names set aside;
+// kIo when a rename fails.
+std::vector<std::string> abandon_newer(const std::string& root, const CatalogEntry& loaded);
 
 // Removes a complete checkpoint in the safe order above.
 void remove_checkpoint(const std::string& root, const std::string& name);

@@ -47,7 +47,8 @@ void write_at(File& f, const unsigned char* data, uint64_t n, uint64_t offset) {
 }  // namespace
 
 ShardWriteResult write_shard(const std::string& dir, const Snapshot& snap,
-                             int rank, int world_size, int64_t step, bool direct_io) {
+                             int rank, int world_size, int64_t step, bool direct_io,
+                             unsigned file_mode) {
   fault::fault_point("before_shard_write");
   // Per-tensor checksums go into the header, which precedes the data: hash
   // the snapshot first (one pass over memory), then write.
@@ -79,7 +80,7 @@ ShardWriteResult write_shard(const std::string& dir, const Snapshot& snap,
   const std::string final_name = shard_file_name(rank);
   const std::string tmp = join_path(dir, "." + final_name + ".tmp");
   try {
-    File f = File::create(tmp);
+    File f = File::create(tmp, file_mode);
     f.write_all(header.data(), header.size());
     const uint64_t base = header.size();
     const uint64_t aligned =

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "checkpoint/file_util.h"
 #include "checkpoint/snapshot.h"
 
 namespace tutti {
@@ -31,7 +32,7 @@ struct ShardWriteResult {
 
 ShardWriteResult write_shard(const std::string& dir, const Snapshot& snap,
                              int rank, int world_size, int64_t step,
-                             bool direct_io = true);
+                             bool direct_io = true, unsigned file_mode = kFileMode);
 
 }  // namespace ckpt
 }  // namespace tutti

@@ -78,6 +78,25 @@ const std::vector<SettingInfo> kSettings = {
      "Seconds a rank waits for the others while agreeing on a checkpoint save "
      "or load (a rank that failed makes every rank raise at once; this bounds "
      "a rank that hangs or died); 0 uses TUTTI_TIMEOUT."},
+    {"TUTTI_CKPT_FRESH_START", "string", "auto",
+     "What a checkpoint load that finds no complete checkpoint does: auto "
+     "(start fresh unless a history is expected: a 'latest' pointer or "
+     "abandoned checkpoints in the directory, or a tutti-run restart in a "
+     "directory no job used before), allow (always start fresh) or refuse "
+     "(an error: the job must resume)."},
+    {"TUTTI_RESTART_COUNT", "int", "0",
+     "Set by tutti-run: how many times it restarted the job (0 on the first "
+     "run)."},
+    {"TUTTI_CKPT_FILE_MODE", "string", "0600",
+     "Octal permissions of the checkpoint files tutti creates (less the "
+     "umask), e.g. 0640 to share them with the group."},
+    {"TUTTI_CKPT_DIR_MODE", "string", "0700",
+     "Octal permissions of the checkpoint directories tutti creates (less "
+     "the umask), e.g. 0750."},
+    {"TUTTI_JOB_ID", "string", "",
+     "The job's name in a checkpoint directory's lock file (tutti.lock), "
+     "which a second job on the directory reports; empty: SLURM_JOB_ID, else "
+     "<host>:<pid> of rank 0."},
     {"TUTTI_FAULT_INJECT", "string", "",
      "Testing only: <point>[:rank=R][:hit=K][:action=kill|fail|stall], "
      "comma-separated; kills this rank with SIGKILL (or fails or stalls it) "
@@ -96,6 +115,10 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_PREEMPT_STOP_ON_REBALANCE", "bool", "0",
      "Also stop (checkpoint and exit 75) on an AWS rebalance recommendation, "
      "not only on an interruption notice."},
+    {"TUTTI_PREEMPT_SHARE_DIR", "string", "/dev/shm",
+     "Node-local directory through which the ranks of a node share one poller "
+     "per cloud metadata endpoint (an flock elects it; the others read what it "
+     "publishes); none: every rank polls."},
     {"TUTTI_AWS_METADATA_URL", "string", "http://169.254.169.254",
      "AWS instance metadata service base URL (IMDSv2)."},
     {"TUTTI_GCP_METADATA_URL", "string", "http://metadata.google.internal",

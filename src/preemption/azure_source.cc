@@ -32,15 +32,20 @@ class AzureSource : public NoticeSource {
     const std::string url = base_ + "/metadata/scheduledevents?api-version=2020-07-01";
     const HttpResponse r = http_.request("GET", url, {"Metadata: true"});
     if (r.status != 200) {
-      unreachable_.report("azure", url, r);
+      o.retry_after_ms = unreachable_.report("azure", url, r);
       return o;
     }
+    unreachable_.ok();
     try {
       const auto doc = ckpt::parse_untrusted_json(r.body, 8, "azure scheduledevents");
+      if (!doc.is_object()) return o;
       const auto events = doc.find("Events");
       if (events == doc.end() || !events->is_array()) return o;
       for (const auto& e : *events) {
-        if (!e.is_object() || e.value("EventType", "") != "Preempt") continue;
+        if (!e.is_object()) continue;
+        const auto type = e.find("EventType");
+        if (type == e.end() || !type->is_string() || type->get<std::string>() != "Preempt")
+          continue;
         bool mine = true;
         const auto res = e.find("Resources");
         if (!vm_name_.empty() && res != e.end() && res->is_array() && !res->empty()) {

@@ -19,9 +19,10 @@ class GcpSource : public NoticeSource {
     const std::string url = base_ + "/computeMetadata/v1/instance/preempted";
     const HttpResponse r = http_.request("GET", url, {"Metadata-Flavor: Google"});
     if (r.status != 200) {
-      unreachable_.report("gcp", url, r);
+      o.retry_after_ms = unreachable_.report("gcp", url, r);
       return o;
     }
+    unreachable_.ok();
     std::string v = r.body;
     while (!v.empty() && (v.back() == '\n' || v.back() == '\r' || v.back() == ' ')) v.pop_back();
     if (v == "TRUE") {

@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/check.h"
@@ -28,13 +29,24 @@ void global_init() {
 
 }  // namespace
 
-void UnreachableLog::report(const char* source, const std::string& url,
-                            const HttpResponse& r) {
-  if (logged_) return;
+int UnreachableLog::report(const char* source, const std::string& url,
+                           const HttpResponse& r) {
+  if (r.status == 429 || r.status >= 500) {
+    backoff_ms_ = backoff_ms_ ? std::min(2 * backoff_ms_, kMaxBackoffMs) : kFirstBackoffMs;
+    if (!throttle_logged_)
+      TUTTI_LOG(kWarn) << "preemption source " << source << ": " << url << " answered HTTP "
+                       << r.status << "; backing off (" << kFirstBackoffMs / 1000
+                       << " s, doubling up to " << kMaxBackoffMs / 1000 << " s)";
+    throttle_logged_ = true;
+    return backoff_ms_;
+  }
+  backoff_ms_ = 0;
+  if (!logged_)
+    TUTTI_LOG(kWarn) << "preemption source " << source << ": " << url << " answered "
+                     << (r.status ? "HTTP " + std::to_string(r.status) : r.error)
+                     << "; will keep polling";
   logged_ = true;
-  TUTTI_LOG(kWarn) << "preemption source " << source << ": " << url << " answered "
-                   << (r.status ? "HTTP " + std::to_string(r.status) : r.error)
-                   << "; will keep polling";
+  return 0;
 }
 
 HttpClient::HttpClient(int timeout_ms) : curl_(nullptr), timeout_ms_(timeout_ms) {

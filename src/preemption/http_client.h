@@ -17,13 +17,24 @@ struct HttpResponse {
 
 // Logs once per source that its endpoint does not answer as expected (an
 // instance of another cloud, no metadata service): not an error, polling
-// goes on.
+// goes on.  A throttled or failing endpoint (429, 5xx: Azure IMDS allows
+// about 5 requests/s per VM) is paced: report() returns a backoff that
+// doubles from 1 s to 60 s (logged once) until ok().
 class UnreachableLog {
  public:
-  void report(const char* source, const std::string& url, const HttpResponse& r);
+  // Returns the milliseconds to wait before the next request (0: the usual
+  // poll interval).
+  int report(const char* source, const std::string& url, const HttpResponse& r);
+  // A good answer: back to the usual pace.
+  void ok() { backoff_ms_ = 0; }
+
+  static constexpr int kFirstBackoffMs = 1000;
+  static constexpr int kMaxBackoffMs = 60000;
 
  private:
   bool logged_ = false;
+  bool throttle_logged_ = false;
+  int backoff_ms_ = 0;
 };
 
 class HttpClient {

@@ -2,6 +2,7 @@
 // stop decision.
 #include "tutti/preemption.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -42,9 +43,10 @@ class PreemptionMonitor::Impl {
 
   std::vector<std::string> names;
   bool stop_on_rebalance = false;
+  bool rebalance_saved = false;  // decide() answered kSaveNow (every rank alike)
 
  private:
-  void poll_loop();
+  void poll_loop(preempt::NoticeSource& source);
 
   bool signals_ = false;
   int poll_ms_ = 1000;
@@ -55,7 +57,7 @@ class PreemptionMonitor::Impl {
   std::condition_variable cv_;
   bool stop_thread_ = false;
   PreemptionNotice best_;
-  std::thread thread_;
+  std::vector<std::thread> threads_;  // one per polled source
 };
 
 PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
@@ -71,6 +73,11 @@ PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
     std::string v = given.empty() ? config::get_string(setting) : given;
     while (!v.empty() && v.back() == '/') v.pop_back();
     return v;
+  };
+  const std::string share_dir =
+      o.share_dir.empty() ? config::get_string("TUTTI_PREEMPT_SHARE_DIR") : o.share_dir;
+  auto shared = [&](std::unique_ptr<preempt::NoticeSource> src, const std::string& url) {
+    return preempt::make_node_shared(std::move(src), share_dir, url, poll_ms_);
   };
   stop_on_rebalance = o.stop_on_rebalance.has_value()
                           ? *o.stop_on_rebalance
@@ -94,12 +101,14 @@ PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
       polled_.push_back(preempt::make_file_source(
           o.trigger_file.empty() ? config::get_string("TUTTI_PREEMPT_FILE") : o.trigger_file));
     } else if (s == "aws") {
-      polled_.push_back(preempt::make_aws_source(pick(o.aws_url, "TUTTI_AWS_METADATA_URL"), http_ms));
+      const std::string url = pick(o.aws_url, "TUTTI_AWS_METADATA_URL");
+      polled_.push_back(shared(preempt::make_aws_source(url, http_ms), url));
     } else if (s == "gcp") {
-      polled_.push_back(preempt::make_gcp_source(pick(o.gcp_url, "TUTTI_GCP_METADATA_URL"), http_ms));
+      const std::string url = pick(o.gcp_url, "TUTTI_GCP_METADATA_URL");
+      polled_.push_back(shared(preempt::make_gcp_source(url, http_ms), url));
     } else if (s == "azure") {
-      polled_.push_back(
-          preempt::make_azure_source(pick(o.azure_url, "TUTTI_AZURE_METADATA_URL"), http_ms));
+      const std::string url = pick(o.azure_url, "TUTTI_AZURE_METADATA_URL");
+      polled_.push_back(shared(preempt::make_azure_source(url, http_ms), url));
     } else {
       if (signals_) preempt::restore_signal_handlers();
       TUTTI_THROW(kInvalidArgument, "unknown preemption source '", s,
@@ -108,7 +117,13 @@ PreemptionMonitor::Impl::Impl(const PreemptionOptions& o) {
     }
     names.push_back(s);
   }
-  if (!polled_.empty()) thread_ = std::thread([this] { poll_loop(); });
+  // One thread per source: an endpoint that hangs until its HTTP timeout
+  // never delays the others (three hanging endpoints delayed the trigger
+  // file by three timeouts per round when they were polled in series).
+  for (auto& s : polled_) {
+    preempt::NoticeSource* src = s.get();
+    threads_.emplace_back([this, src] { poll_loop(*src); });
+  }
   TUTTI_LOG(kInfo) << "preemption monitor: sources " << (list.empty() ? "(none)" : list)
                    << ", polling every " << poll_ms_ << " ms";
 }
@@ -119,20 +134,37 @@ PreemptionMonitor::Impl::~Impl() {
     stop_thread_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& t : threads_) t.join();
   if (signals_) preempt::restore_signal_handlers();
 }
 
-void PreemptionMonitor::Impl::poll_loop() {
+void PreemptionMonitor::Impl::poll_loop(preempt::NoticeSource& source) {
+  bool failure_logged = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_thread_) {
     lock.unlock();
-    for (auto& s : polled_) {
-      preempt::Observation o = s->poll();
-      if (o.kind != NoticeKind::kNone) record(o.kind, s->name(), o.detail);
+    preempt::Observation o;
+    // The source boundary: nothing a source throws (a malformed answer, a
+    // library's type error) may end the process; it is no notice.
+    try {
+      o = source.poll();
+    } catch (const std::exception& e) {
+      if (!failure_logged)
+        TUTTI_LOG(kWarn) << "preemption source " << source.name()
+                         << " failed (treated as no notice; logged once): " << e.what();
+      failure_logged = true;
+      o = preempt::Observation();
+    } catch (...) {
+      if (!failure_logged)
+        TUTTI_LOG(kWarn) << "preemption source " << source.name()
+                         << " failed with a non-standard exception (treated as no notice)";
+      failure_logged = true;
+      o = preempt::Observation();
     }
+    if (o.kind != NoticeKind::kNone) record(o.kind, source.name(), o.detail);
     lock.lock();
-    cv_.wait_for(lock, std::chrono::milliseconds(poll_ms_), [&] { return stop_thread_; });
+    cv_.wait_for(lock, std::chrono::milliseconds(std::max(poll_ms_, o.retry_after_ms)),
+                 [&] { return stop_thread_; });
   }
 }
 
@@ -179,6 +211,18 @@ NoticeKind PreemptionMonitor::agree(ProcessGroup& group) {
 bool PreemptionMonitor::should_stop(ProcessGroup& group) {
   const NoticeKind k = agree(group);
   return k == NoticeKind::kStop || (impl_->stop_on_rebalance && k == NoticeKind::kRebalance);
+}
+
+PreemptionAction PreemptionMonitor::decide(ProcessGroup& group) {
+  const NoticeKind k = agree(group);
+  if (k == NoticeKind::kStop || (impl_->stop_on_rebalance && k == NoticeKind::kRebalance))
+    return PreemptionAction::kStop;
+  // k is identical on every rank, so this edge is too.
+  if (k == NoticeKind::kRebalance && !impl_->rebalance_saved) {
+    impl_->rebalance_saved = true;
+    return PreemptionAction::kSaveNow;
+  }
+  return PreemptionAction::kContinue;
 }
 
 void PreemptionMonitor::notify(NoticeKind kind, const std::string& source,

@@ -437,7 +437,7 @@ TEST(CheckpointFailures, OneRankFailingRaisesEverywhere) {
   }
 }
 
-TEST(CheckpointTimeline, ResumingFromAnOlderStepSetsNewerOnesAside) {
+TEST(CheckpointTimeline, ResumingFromAnOlderStepAbandonsNewerOnes) {
   auto w = world();
   ScratchDir tmp(w);
   Blob a({6});
@@ -453,7 +453,7 @@ TEST(CheckpointTimeline, ResumingFromAnOlderStepSetsNewerOnesAside) {
   m.save(15, {{"a", &a}});
   m.wait();
   w->barrier();
-  EXPECT_TRUE(test::exists(tmp.sub("stale-step-00000020/manifest.json")));
+  EXPECT_TRUE(test::exists(tmp.sub("abandoned-step-00000020/manifest.json")));
   EXPECT_EQ(test::complete_checkpoints(tmp.path()),
             (std::vector<std::string>{"step-00000010", "step-00000015"}));
   a.fill(0);

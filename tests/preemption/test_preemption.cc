@@ -79,6 +79,27 @@ TEST(Preemption, RebalanceIsAgreedButStopsOnlyWhenAskedTo) {
   }
 }
 
+// A rebalance recommendation is an early warning: decide() asks every rank
+// to save at the same step, once, and training goes on; a stop notice
+// then stops.
+TEST(Preemption, RebalanceAsksForOneSaveAndTrainingContinues) {
+  auto w = world();
+  PreemptionMonitor m(only("none"));
+  EXPECT_EQ(m.decide(*w), PreemptionAction::kContinue);
+  if (w->rank() == w->size() - 1) m.notify(NoticeKind::kRebalance, "test", "rebalance");
+  EXPECT_EQ(m.decide(*w), PreemptionAction::kSaveNow) << "every rank saves at this step";
+  EXPECT_EQ(m.decide(*w), PreemptionAction::kContinue) << "once per recommendation";
+  EXPECT_EQ(m.decide(*w), PreemptionAction::kContinue);
+  if (w->rank() == 0) m.notify(NoticeKind::kStop, "test");
+  EXPECT_EQ(m.decide(*w), PreemptionAction::kStop);
+  EXPECT_EQ(m.decide(*w), PreemptionAction::kStop);
+  PreemptionOptions o = only("none");
+  o.stop_on_rebalance = true;
+  PreemptionMonitor strict(o);
+  if (w->rank() == 0) strict.notify(NoticeKind::kRebalance, "test");
+  EXPECT_EQ(strict.decide(*w), PreemptionAction::kStop);
+}
+
 TEST(Preemption, TriggerFileCountsWhenCreatedOrTouchedNotWhenLeftOver) {
   auto w = world();
   const std::string path = "/tmp/tutti-preempt-test-" + std::to_string(::getpid());
