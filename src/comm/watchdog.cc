@@ -181,7 +181,7 @@ void Watchdog::throw_if_broken(const std::string& desc) const {
 }
 
 void Watchdog::start_thread(std::chrono::microseconds interval,
-                            std::function<void()> setup) {
+                            ThreadSetup setup) {
   std::lock_guard<std::mutex> lock(mu_);
   if (thread_.joinable()) return;
   stop_ = false;
@@ -200,9 +200,9 @@ void Watchdog::stop_thread() {
 }
 
 void Watchdog::loop(std::chrono::microseconds interval,
-                    std::function<void()> setup) {
+                    const ThreadSetup& setup) {
   pthread_setname_np(pthread_self(), "tutti-watchdog");
-  if (setup) setup();
+  const std::shared_ptr<void> held = setup ? setup() : nullptr;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || (!items_.empty() && !broken_); });

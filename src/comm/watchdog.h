@@ -90,10 +90,13 @@ class Watchdog {
   // after an earlier failure: <cause>" once broken.
   void throw_if_broken(const std::string& desc) const;
 
+  // What a polling thread holds for its lifetime (a cuda::DeviceGuard).
+  using ThreadSetup = std::function<std::shared_ptr<void>()>;
   // Polls on a thread of its own every `interval` while ops are in flight
-  // (idle otherwise).  `setup` runs first on that thread (set the device).
+  // (idle otherwise).  `setup` runs first on that thread and what it
+  // returns lives as long as the thread (set the device there).
   void start_thread(std::chrono::microseconds interval,
-                    std::function<void()> setup = nullptr);
+                    ThreadSetup setup = nullptr);
   // Stops the thread (ops in flight stay registered).  Idempotent.
   void stop_thread();
 
@@ -105,7 +108,7 @@ class Watchdog {
     double timeout_s;
     Clock::time_point deadline;
   };
-  void loop(std::chrono::microseconds interval, std::function<void()> setup);
+  void loop(std::chrono::microseconds interval, const ThreadSetup& setup);
 
   const std::string transport_;
   const std::string name_;

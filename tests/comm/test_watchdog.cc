@@ -206,7 +206,10 @@ TEST(Watchdog, ThreadPollsUntilTheDeadlineWithoutAnyWaiter) {
   // The Work::wait() path: nobody synchronises, the thread still fires.
   Harness h;
   std::atomic<bool> setup_ran{false};
-  h.dog->start_thread(std::chrono::microseconds(200), [&] { setup_ran = true; });
+  h.dog->start_thread(std::chrono::microseconds(200), [&] {
+    setup_ran = true;
+    return std::shared_ptr<void>();
+  });
   auto done_op = h.add(1, 0.05, Clock::now());
   done_op->done = true;
   auto hung = h.add(2, 0.2, Clock::now());

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/cpu_work.h"
+#include "comm/mpi/agreement.h"
 #include "comm/registry.h"
 #include "comm/staged_work.h"
 #include "core/cpu_reduce.h"
@@ -280,39 +281,8 @@ void MpiCommunicator::check_agreement(MPI_Comm check_comm,
                                       const comm::OpLabel& desc,
                                       const Deadline& deadline,
                                       const std::function<void()>& on_timeout) {
-  comm::WireDesc w = wire;
-  w.pad = locally_invalid ? 1 : 0;
-  const uint64_t f = comm::fingerprint(w) ^ (locally_invalid ? 0x5a5aull : 0);
-  // max over ranks of f and of ~f: all equal iff max(f) == f and
-  // max(~f) == ~f, i.e. min(f) == max(f).
-  uint64_t buf[2] = {f, ~f};
-  MPI_Request req;
-  TUTTI_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, 2, MPI_UINT64_T, MPI_MAX,
-                                 check_comm, &req));
-  if (!wait(&req, deadline)) on_timeout();
-  if (buf[0] == f && buf[1] == ~f) return;
-  int size = 0;
-  MPI_Comm_size(check_comm, &size);
-  std::vector<comm::WireDesc> all(static_cast<size_t>(size));
-  TUTTI_MPI_CHECK(MPI_Iallgather(&w, sizeof(w), MPI_BYTE, all.data(),
-                                 sizeof(w), MPI_BYTE, check_comm, &req));
-  if (!wait(&req, deadline)) on_timeout();
-  std::vector<int> invalid;
-  for (int i = 0; i < size; ++i)
-    if (all[i].pad) invalid.push_back(i);
-  if (!invalid.empty()) {
-    if (locally_invalid) return;  // the caller throws its own, precise error
-    std::string who;
-    for (size_t i = 0; i < invalid.size(); ++i)
-      who += (i ? ", " : "") + std::to_string(invalid[i]);
-    TUTTI_THROW(kMismatch, desc, ": rank", invalid.size() > 1 ? "s " : " ", who,
-                " rejected the arguments of this operation (see the error on ",
-                invalid.size() > 1 ? "those ranks" : "that rank",
-                "); no rank ran it");
-  }
-  for (auto& d : all) d.pad = 0;
-  TUTTI_THROW(kMismatch, desc, ": ranks disagree on the operation: ",
-              comm::mismatch_message(all), "; no rank ran it");
+  AgreementCheck check(check_comm, check_comm, wire, locally_invalid);
+  if (!check.wait(deadline, desc)) on_timeout();
 }
 
 void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
@@ -335,10 +305,14 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
   } else {
     report = "peers could not be asked (MPI runs below MPI_THREAD_MULTIPLE)";
   }
-  TUTTI_THROW(kTimeout, desc, " did not complete within ", seconds,
-              " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
-              name_ == "world" ? "" : " [world ranks]",
-              ". The communicator is unusable now.");
+  const Error error(
+      ErrorCode::kTimeout,
+      detail::cat(detail::rank_prefix(), desc, " did not complete within ",
+                  seconds, " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
+                  name_ == "world" ? "" : " [world ranks]",
+                  ". The communicator is unusable now."));
+  comm::communicator_broke(error);
+  throw error;
 }
 
 void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
