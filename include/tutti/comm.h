@@ -82,7 +82,10 @@ class TUTTI_API Work {
   // CPU: blocks until the operation completed; rethrows its error.
   // CUDA: blocks until the operation is enqueued on the communication
   // stream, then makes OpOptions::stream wait for it (the host does not wait
-  // for the GPU, as in torch.distributed).
+  // for the GPU, as in torch.distributed).  Errors found later (a timeout,
+  // an NCCL error, a mismatch from the overlapped check) abort the NCCL
+  // communicator and surface from synchronize(), test() and every later
+  // operation on it.
   virtual void wait() = 0;
   // Blocks until the result is in memory (CUDA: the GPU finished it).
   virtual void synchronize() = 0;

@@ -25,10 +25,13 @@ const std::vector<SettingInfo> kSettings = {
      "world of one without MPI; mpi: always MPI; local: never MPI."},
     {"TUTTI_TIMEOUT", "float", "300",
      "Seconds an operation may take before the watchdog fails it with an "
-     "error naming the ranks that never arrived; 0 disables the watchdog."},
+     "error naming the ranks that never arrived (NCCL: also bounds "
+     "communicator init, split and finalize, and aborts the communicator); "
+     "0 disables the watchdog."},
     {"TUTTI_CHECK_COLLECTIVES", "bool", "1",
      "Before each collective, check that all ranks agree on its kind, dtype, "
-     "element count, reduce op and root (one 16-byte all-reduce)."},
+     "element count, reduce op and root (one 16-byte all-reduce; on NCCL it "
+     "overlaps with the op, and a mismatch aborts the NCCL communicator)."},
     {"TUTTI_STATUS_GRACE_MS", "int", "2000",
      "After a timeout, how long to wait for peers to report where they are."},
     {"TUTTI_MPI_THREAD_LEVEL", "string", "multiple",
