@@ -4,7 +4,7 @@
 // order on one thread keeps the ranks matched.  A blocking call that finds
 // the engine idle runs on the caller's thread (no hand-off latency); an
 // async call, or a blocking one behind queued work, is queued for the
-// engine's thread.  Without a thread (MPI below MPI_THREAD_MULTIPLE) every
+// engine's thread.  Without a thread (threaded = false) every
 // task runs on the submitting thread.
 #pragma once
 

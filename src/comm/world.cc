@@ -103,7 +103,8 @@ void init(const InitOptions& options) {
   s.use_mpi = mode == "mpi" ||
               (mode == "auto" && (mpi::launched_by_launcher() || mpi::is_initialized()));
   if (s.use_mpi) {
-    // Throws unless MPI grants MPI_THREAD_MULTIPLE (mpi_runtime.h).
+    // Throws unless MPI grants MPI_THREAD_MULTIPLE (mpi_runtime.h), so the
+    // communicators always get their progress threads.
     s.mpi_state = mpi::initialize();
     const bool threaded = true;
     int wr = 0, ws = 1;

@@ -319,8 +319,6 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
   const double timeout = r.options.timeout_s;
   const mpi::Deadline deadline(timeout);
   try {
-    if (closed)
-      TUTTI_THROW(kAborted, desc, ": NCCL communicator '", name, "' is closed");
     watchdog.throw_if_broken(desc.str());
     std::exception_ptr local_error;
     try {
@@ -518,6 +516,11 @@ WorkPtr NcclCommunicator::submit(const OpRequest& request, bool blocking) {
     bool checked;
   };
   NcclCommunicatorImpl* impl = impl_.get();
+  // A closed engine runs nothing: fail here rather than hand out a Work
+  // that never starts.
+  if (impl->closed)
+    TUTTI_THROW(kAborted, collective_kind_name(request.kind),
+                " on NCCL communicator '", impl->name, "': it is closed");
   impl->refresh_settings();
   auto q = std::make_shared<Queued>();
   q->request = request;
