@@ -87,7 +87,13 @@ int run(const std::string& mode) {
   if (mode == "unmatched_send") {
     Tensor t(buf.p, DType::kFloat32, Shape{256}, Device::cuda(device));
     WorkPtr work = w->send_async(t, 0, 0, o);
-    work->wait();  // returns at once: only the stream waits
+    try {
+      work->wait();  // returns at once: only the stream waits
+    } catch (const Error& e) {
+      // NCCL may hold the enqueue itself in ncclInProgress (no peer for the
+      // connection): then the engine's bounded wait fails it the same way.
+      std::printf("note rank %d: wait() raised %s\n", rank_, e.what());
+    }
     const auto give_up = Clock::now() + std::chrono::seconds(60);
     while (!nccl->broken() && Clock::now() < give_up)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -96,7 +102,7 @@ int run(const std::string& mode) {
     else
       fail("the communicator was not aborted within 60 s");
     expect_error("synchronize", ErrorCode::kTimeout,
-                 {"send #1 'probe'", "did not complete within 3 s", "was aborted"},
+                 {"send #1 'probe'", "within 3 s", "was aborted"},
                  [&] { work->synchronize(); });
     expect_error("a later op", ErrorCode::kAborted,
                  {"allreduce #1", "is unusable after an earlier failure", "send #1"},
@@ -110,10 +116,12 @@ int run(const std::string& mode) {
       return 0;
     }
     WorkPtr work = w->allreduce_async(t, ReduceOp::kSum, o);
-    work->wait();
     expect_error("the stopped peer", ErrorCode::kTimeout,
-                 {"allreduce #1 'probe'", "did not complete within 3 s", "was aborted"},
-                 [&] { work->synchronize(); });
+                 {"allreduce #1 'probe'", "within 3 s", "was aborted"},
+                 [&] {
+                   work->wait();
+                   work->synchronize();
+                 });
   } else if (mode == "mismatch") {
     Tensor t(buf.p, DType::kFloat32, Shape{rank_ == 1 ? 17 : 16}, Device::cuda(device));
     WorkPtr work = w->allreduce_async(t, ReduceOp::kSum, o);
