@@ -103,18 +103,17 @@ void init(const InitOptions& options) {
   s.use_mpi = mode == "mpi" ||
               (mode == "auto" && (mpi::launched_by_launcher() || mpi::is_initialized()));
   if (s.use_mpi) {
-    // Throws unless MPI grants MPI_THREAD_MULTIPLE (mpi_runtime.h), so the
-    // communicators always get their progress threads.
+    // Throws unless MPI grants MPI_THREAD_MULTIPLE (mpi_runtime.h): the
+    // progress engines, watchdogs and the status responder are threads.
     s.mpi_state = mpi::initialize();
-    const bool threaded = true;
     int wr = 0, ws = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &wr);
     MPI_Comm_size(MPI_COMM_WORLD, &ws);
     set_runtime_world(wr, ws);
-    mpi::StatusService::instance().start(MPI_COMM_WORLD, threaded);
+    mpi::StatusService::instance().start(MPI_COMM_WORLD);
     MPI_Comm dup;
     TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
-    auto world_comm = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1, threaded);
+    auto world_comm = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1);
     comm::register_communicator(world_comm);
     s.world = std::make_shared<ProcessGroup>(
         std::make_unique<ProcessGroupImpl>("world", world_comm));

@@ -128,9 +128,8 @@ class P2PWork : public comm::StagedWork {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
-                                 uint64_t comm_id, bool threaded)
-    : data_(comm), name_(std::move(name)), comm_id_(comm_id),
-      threaded_(threaded), engine_(name_, threaded),
+                                 uint64_t comm_id)
+    : data_(comm), name_(std::move(name)), comm_id_(comm_id), engine_(name_),
       progress_(std::make_shared<CommProgress>()) {
   TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN));
   TUTTI_MPI_CHECK(MPI_Comm_dup(data_, &check_));
@@ -297,13 +296,13 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
   for (int w : world_ranks_)
     if (w != me_world) peers.push_back(w);
   std::string report;
-  if (StatusService::instance().running() && threaded_) {
+  if (StatusService::instance().running()) {
     auto st = StatusService::instance().query(
         comm_id_, peers,
         static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
     report = describe_stragglers(st, seq);
   } else {
-    report = "peers could not be asked (MPI runs below MPI_THREAD_MULTIPLE)";
+    report = "peers could not be asked (the status service is stopped)";
   }
   const Error error(
       ErrorCode::kTimeout,
@@ -473,7 +472,7 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
     if (out == MPI_COMM_NULL) return;
     child = std::make_shared<MpiCommunicator>(
         out, name.empty() ? name_ + "/" + std::to_string(color) : name,
-        mix_id(comm_id_, index, static_cast<uint64_t>(color)), threaded_);
+        mix_id(comm_id_, index, static_cast<uint64_t>(color)));
   });
   return child;
 }
@@ -492,8 +491,7 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
     int lowest = world_ranks_[rank_];
     MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, out);
     child = std::make_shared<MpiCommunicator>(
-        out, name, mix_id(comm_id_, index, static_cast<uint64_t>(lowest) + 7),
-        threaded_);
+        out, name, mix_id(comm_id_, index, static_cast<uint64_t>(lowest) + 7));
   });
   return child;
 }

@@ -117,7 +117,7 @@ class NcclCommunicatorImpl {
   NcclCommunicatorImpl(std::shared_ptr<mpi::MpiCommunicator> host_comm,
                        int dev, std::string comm_name)
       : host(std::move(host_comm)), device(dev), name(std::move(comm_name)),
-        watchdog("NCCL", name, hooks()), engine(name + "-nccl", true) {
+        watchdog("NCCL", name, hooks()), engine(name + "-nccl") {
     int lo = 0, hi = 0;
     cuda::DeviceGuard g(device);
     TUTTI_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
