@@ -241,22 +241,27 @@ void NcclCommunicatorImpl::close() {
     std::lock_guard<std::mutex> nl(nccl_mu);
     std::swap(c, comm);
   }
-  cuda::DeviceGuard g(device);
-  if (c) {
-    const ncclResult_t rc = await(c, ncclCommFinalize(c), mpi::Deadline(timeout_s));
-    if (rc == ncclSuccess) {
-      ncclCommDestroy(c);
-    } else {
-      TUTTI_LOG(kWarn) << "NCCL communicator '" << name << "': ncclCommFinalize "
-                       << (rc == ncclInProgress ? "did not finish in time"
-                                                : ncclGetErrorString(rc))
-                       << "; aborting it";
-      ncclCommAbort(c);
+  // Also runs from the destructor and at exit: log, never throw.
+  try {
+    cuda::DeviceGuard g(device);
+    if (c) {
+      const ncclResult_t rc = await(c, ncclCommFinalize(c), mpi::Deadline(timeout_s));
+      if (rc == ncclSuccess) {
+        ncclCommDestroy(c);
+      } else {
+        TUTTI_LOG(kWarn) << "NCCL communicator '" << name << "': ncclCommFinalize "
+                         << (rc == ncclInProgress ? "did not finish in time"
+                                                  : ncclGetErrorString(rc))
+                         << "; aborting it";
+        ncclCommAbort(c);
+      }
     }
+    if (scratch) cudaFree(scratch);
+    stream.reset();
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kWarn) << "closing NCCL communicator '" << name << "': " << e.what();
   }
-  if (scratch) cudaFree(scratch);
   scratch = nullptr;
-  stream.reset();
   if (mpi::is_initialized())
     for (MPI_Comm* m : {&check, &check_detail})
       if (*m != MPI_COMM_NULL) MPI_Comm_free(m);
