@@ -11,6 +11,9 @@
 //  * An operation that does not complete within TUTTI_TIMEOUT seconds fails
 //    with Error(kTimeout) naming the ranks that never arrived.  The
 //    communicator is unusable afterwards (kAborted).
+//  * With TUTTI_EXIT_ON_COMM_FAILURE=1 (tutti-run sets it), a communicator
+//    that breaks because a peer or the network failed ends the process with
+//    kCommFailureExitCode instead (docs/errors.md).
 //  * Tensors are caller-owned and must stay alive until the Work completes.
 //  * Several threads may use one communicator, but the *order* of collectives
 //    must still be the same on every rank; the caller orders them.
@@ -25,6 +28,11 @@
 #include "tutti/tensor.h"
 
 namespace tutti {
+
+// Exit status of a process that TUTTI_EXIT_ON_COMM_FAILURE ended after a
+// peer or network failure; tutti-run restarts the job from its latest
+// checkpoint.  (75 is kPreemptedExitCode.)
+constexpr int kCommFailureExitCode = 76;
 
 enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMin = 2, kMax = 3, kProd = 4 };
 TUTTI_API const char* reduce_op_name(ReduceOp op);
@@ -74,7 +82,10 @@ class TUTTI_API Work {
   // CPU: blocks until the operation completed; rethrows its error.
   // CUDA: blocks until the operation is enqueued on the communication
   // stream, then makes OpOptions::stream wait for it (the host does not wait
-  // for the GPU, as in torch.distributed).
+  // for the GPU, as in torch.distributed).  Errors found later (a timeout,
+  // an NCCL error, a mismatch from the overlapped check) abort the NCCL
+  // communicator and surface from synchronize(), test() and every later
+  // operation on it.
   virtual void wait() = 0;
   // Blocks until the result is in memory (CUDA: the GPU finished it).
   virtual void synchronize() = 0;

@@ -29,9 +29,9 @@ struct InitOptions {
 
 // Initialises tutti (and MPI if it is not initialised yet; tutti then also
 // finalises it in shutdown()).  Idempotent.  With an MPI the application
-// initialised, tutti cooperates: it duplicates MPI_COMM_WORLD, never
-// finalises MPI, and, if the thread level is below MPI_THREAD_MULTIPLE, runs
-// every operation on the calling thread (no overlap; logged as a warning).
+// initialised, tutti cooperates: it duplicates MPI_COMM_WORLD and never
+// finalises MPI.  Either way MPI must grant MPI_THREAD_MULTIPLE (tutti's
+// threads call MPI): below it, Error(kUnsupported) naming both levels.
 TUTTI_API void init(const InitOptions& options = {});
 // Waits for outstanding operations, stops tutti's threads and releases its
 // communicators.  Idempotent.  After a timeout made a communicator unusable

@@ -5,19 +5,12 @@
 namespace tutti {
 namespace comm {
 
-ProgressEngine::ProgressEngine(std::string name, bool threaded)
-    : name_(std::move(name)), threaded_(threaded) {}
+ProgressEngine::ProgressEngine(std::string name) : name_(std::move(name)) {}
 
 ProgressEngine::~ProgressEngine() { stop(); }
 
 void ProgressEngine::submit(std::function<void()> task, bool blocking) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!threaded_) {
-    // Serialise on the caller's thread, still in submission order.
-    cv_.wait(lock, [&] { return !busy_; });
-    run_here(lock, task);
-    return;
-  }
   if (blocking && !busy_ && queue_.empty()) {
     run_here(lock, task);
     return;

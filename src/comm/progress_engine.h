@@ -4,8 +4,7 @@
 // order on one thread keeps the ranks matched.  A blocking call that finds
 // the engine idle runs on the caller's thread (no hand-off latency); an
 // async call, or a blocking one behind queued work, is queued for the
-// engine's thread.  Without a thread (MPI below MPI_THREAD_MULTIPLE) every
-// task runs on the submitting thread.
+// engine's thread (MPI runs at MPI_THREAD_MULTIPLE: init() refuses less).
 #pragma once
 
 #include <condition_variable>
@@ -20,7 +19,7 @@ namespace comm {
 
 class ProgressEngine {
  public:
-  ProgressEngine(std::string name, bool threaded);
+  explicit ProgressEngine(std::string name);
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;
@@ -40,7 +39,6 @@ class ProgressEngine {
                 const std::function<void()>& task);
 
   std::string name_;
-  bool threaded_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;

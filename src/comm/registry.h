@@ -5,6 +5,8 @@
 
 #include <memory>
 
+#include "tutti/error.h"
+
 namespace tutti {
 namespace mpi {
 class MpiCommunicator;
@@ -19,6 +21,11 @@ void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c);
 // A communicator timed out (its requests may never complete): shutdown()
 // must not finalise MPI, even once that communicator is gone.
 void note_communicator_poisoned();
+// A communicator broke with `error`.  A peer or network failure (kTimeout,
+// kCommFailure; kNccl too) is noted as above; for kTimeout and kCommFailure
+// with TUTTI_EXIT_ON_COMM_FAILURE set, the error is printed and the process
+// ends with kCommFailureExitCode.
+void communicator_broke(const Error& error);
 
 }  // namespace comm
 }  // namespace tutti

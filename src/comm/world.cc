@@ -1,5 +1,6 @@
 // tutti::init / shutdown and the world group.
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -63,6 +64,25 @@ void register_communicator(const std::shared_ptr<mpi::MpiCommunicator>& c) {
   s.mpi_comms.push_back(c);
 }
 void note_communicator_poisoned() { state().any_poisoned = true; }
+void communicator_broke(const Error& error) {
+  // A peer or network failure may leave requests that never complete (a
+  // check all-reduce a dead peer never joins): MPI_Finalize could hang.  A
+  // mismatch or a rejected argument completed its exchanges.
+  const ErrorCode c = error.code();
+  const bool peer_failure = c == ErrorCode::kTimeout || c == ErrorCode::kCommFailure;
+  if (peer_failure || c == ErrorCode::kNccl) note_communicator_poisoned();
+  if (!peer_failure || !config::get_bool("TUTTI_EXIT_ON_COMM_FAILURE")) return;
+  // The job is beyond repair in this process (an NCCL kernel or MPI request
+  // may never complete): end it with the code tutti-run restarts on, without
+  // atexit handlers (shutdown() could wait on the dead peer).
+  std::fprintf(stderr,
+               "[tutti] %s\n[tutti] exiting with code %d "
+               "(TUTTI_EXIT_ON_COMM_FAILURE=1): a peer or the network failed\n",
+               error.message().c_str(), kCommFailureExitCode);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(kCommFailureExitCode);
+}
 void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c) {
   if (!c) return;
   auto& s = state();
@@ -83,22 +103,17 @@ void init(const InitOptions& options) {
   s.use_mpi = mode == "mpi" ||
               (mode == "auto" && (mpi::launched_by_launcher() || mpi::is_initialized()));
   if (s.use_mpi) {
+    // Throws unless MPI grants MPI_THREAD_MULTIPLE (mpi_runtime.h): the
+    // progress engines, watchdogs and the status responder are threads.
     s.mpi_state = mpi::initialize();
-    const bool threaded = s.mpi_state.thread_level >= MPI_THREAD_MULTIPLE;
     int wr = 0, ws = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &wr);
     MPI_Comm_size(MPI_COMM_WORLD, &ws);
     set_runtime_world(wr, ws);
-    if (!threaded)
-      TUTTI_LOG(kWarn) << "MPI was initialised with thread level "
-                       << s.mpi_state.thread_level
-                       << " (< MPI_THREAD_MULTIPLE): tutti runs every "
-                          "operation on the calling thread (no overlap) and "
-                          "cannot ask peers for their status on timeouts";
-    mpi::StatusService::instance().start(MPI_COMM_WORLD, threaded);
+    mpi::StatusService::instance().start(MPI_COMM_WORLD);
     MPI_Comm dup;
     TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
-    auto world_comm = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1, threaded);
+    auto world_comm = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1);
     comm::register_communicator(world_comm);
     s.world = std::make_shared<ProcessGroup>(
         std::make_unique<ProcessGroupImpl>("world", world_comm));

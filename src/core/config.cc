@@ -25,12 +25,26 @@ const std::vector<SettingInfo> kSettings = {
      "world of one without MPI; mpi: always MPI; local: never MPI."},
     {"TUTTI_TIMEOUT", "float", "300",
      "Seconds an operation may take before the watchdog fails it with an "
-     "error naming the ranks that never arrived; 0 disables the watchdog."},
+     "error naming the ranks that never arrived (NCCL: also bounds "
+     "communicator init, split and finalize, and aborts the communicator); "
+     "0 disables the watchdog."},
     {"TUTTI_CHECK_COLLECTIVES", "bool", "1",
      "Before each collective, check that all ranks agree on its kind, dtype, "
-     "element count, reduce op and root (one 16-byte all-reduce)."},
+     "element count, reduce op and root (one 16-byte all-reduce; on NCCL it "
+     "overlaps with the op, and a mismatch aborts the NCCL communicator)."},
     {"TUTTI_STATUS_GRACE_MS", "int", "2000",
      "After a timeout, how long to wait for peers to report where they are."},
+    {"TUTTI_MPI_THREAD_LEVEL", "string", "multiple",
+     "Thread level tutti asks MPI_Init_thread for when it initialises MPI. "
+     "tutti needs multiple and refuses to start below it (init() raises "
+     "naming both levels); the lower values (serialized, funneled, single) "
+     "exist to test that refusal."},
+    {"TUTTI_EXIT_ON_COMM_FAILURE", "bool", "0",
+     "When a communicator breaks because a peer or the network failed (a "
+     "timeout, an NCCL asynchronous error), log the error and end the "
+     "process with exit code 76 instead of leaving it to the application, "
+     "so that tutti-run restarts the job even if no thread would see the "
+     "error (tutti-run sets it to 1 unless it is set)."},
     {"TUTTI_NCCL", "bool", "1",
      "Use NCCL for CUDA tensors (when built with NCCL)."},
     {"TUTTI_CHECK_DEVICE", "bool", "0",

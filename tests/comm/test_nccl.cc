@@ -138,7 +138,7 @@ TEST_F(Nccl, AsyncWorkSynchronizeAndOtherCollectives) {
   w->barrier();
 }
 
-TEST_F(Nccl, SplitUsesNcclSplitAndMismatchIsDetected) {
+TEST_F(Nccl, SplitUsesNcclSplit) {
   Buffer host(DType::kFloat32, 16);
   host.fill([&](int64_t) { return 1.0; });
   Tensor t = upload(host);
@@ -149,16 +149,8 @@ TEST_F(Nccl, SplitUsesNcclSplitAndMismatchIsDetected) {
   Buffer back(DType::kFloat32, 16);
   download(t2, back);
   EXPECT_TRUE(test::matches(back, [&](int64_t) { return static_cast<double>(g->size()); }));
-  if (size > 1) {
-    Buffer odd(DType::kFloat32, 16 + (rank == 1));
-    Tensor t3 = upload(odd);
-    try {
-      w->allreduce(t3, ReduceOp::kSum, on_stream("odd"));
-      ADD_FAILURE() << "expected a mismatch";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
-    }
-  }
+  // A mismatch on NCCL aborts the communicator (the check overlaps with
+  // the op): nccl_watchdog_probe.cc 'mismatch' tests it in its own job.
 }
 
 }  // namespace

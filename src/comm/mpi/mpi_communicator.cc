@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/cpu_work.h"
+#include "comm/mpi/agreement.h"
 #include "comm/registry.h"
 #include "comm/staged_work.h"
 #include "core/cpu_reduce.h"
@@ -127,9 +128,8 @@ class P2PWork : public comm::StagedWork {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
-                                 uint64_t comm_id, bool threaded)
-    : data_(comm), name_(std::move(name)), comm_id_(comm_id),
-      threaded_(threaded), engine_(name_, threaded),
+                                 uint64_t comm_id)
+    : data_(comm), name_(std::move(name)), comm_id_(comm_id), engine_(name_),
       progress_(std::make_shared<CommProgress>()) {
   TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN));
   TUTTI_MPI_CHECK(MPI_Comm_dup(data_, &check_));
@@ -280,39 +280,8 @@ void MpiCommunicator::check_agreement(MPI_Comm check_comm,
                                       const comm::OpLabel& desc,
                                       const Deadline& deadline,
                                       const std::function<void()>& on_timeout) {
-  comm::WireDesc w = wire;
-  w.pad = locally_invalid ? 1 : 0;
-  const uint64_t f = comm::fingerprint(w) ^ (locally_invalid ? 0x5a5aull : 0);
-  // max over ranks of f and of ~f: all equal iff max(f) == f and
-  // max(~f) == ~f, i.e. min(f) == max(f).
-  uint64_t buf[2] = {f, ~f};
-  MPI_Request req;
-  TUTTI_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, 2, MPI_UINT64_T, MPI_MAX,
-                                 check_comm, &req));
-  if (!wait(&req, deadline)) on_timeout();
-  if (buf[0] == f && buf[1] == ~f) return;
-  int size = 0;
-  MPI_Comm_size(check_comm, &size);
-  std::vector<comm::WireDesc> all(static_cast<size_t>(size));
-  TUTTI_MPI_CHECK(MPI_Iallgather(&w, sizeof(w), MPI_BYTE, all.data(),
-                                 sizeof(w), MPI_BYTE, check_comm, &req));
-  if (!wait(&req, deadline)) on_timeout();
-  std::vector<int> invalid;
-  for (int i = 0; i < size; ++i)
-    if (all[i].pad) invalid.push_back(i);
-  if (!invalid.empty()) {
-    if (locally_invalid) return;  // the caller throws its own, precise error
-    std::string who;
-    for (size_t i = 0; i < invalid.size(); ++i)
-      who += (i ? ", " : "") + std::to_string(invalid[i]);
-    TUTTI_THROW(kMismatch, desc, ": rank", invalid.size() > 1 ? "s " : " ", who,
-                " rejected the arguments of this operation (see the error on ",
-                invalid.size() > 1 ? "those ranks" : "that rank",
-                "); no rank ran it");
-  }
-  for (auto& d : all) d.pad = 0;
-  TUTTI_THROW(kMismatch, desc, ": ranks disagree on the operation: ",
-              comm::mismatch_message(all), "; no rank ran it");
+  AgreementCheck check(check_comm, check_comm, wire, locally_invalid);
+  if (!check.wait(deadline, desc)) on_timeout();
 }
 
 void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
@@ -327,18 +296,22 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
   for (int w : world_ranks_)
     if (w != me_world) peers.push_back(w);
   std::string report;
-  if (StatusService::instance().running() && threaded_) {
+  if (StatusService::instance().running()) {
     auto st = StatusService::instance().query(
         comm_id_, peers,
         static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
     report = describe_stragglers(st, seq);
   } else {
-    report = "peers could not be asked (MPI runs below MPI_THREAD_MULTIPLE)";
+    report = "peers could not be asked (the status service is stopped)";
   }
-  TUTTI_THROW(kTimeout, desc, " did not complete within ", seconds,
-              " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
-              name_ == "world" ? "" : " [world ranks]",
-              ". The communicator is unusable now.");
+  const Error error(
+      ErrorCode::kTimeout,
+      detail::cat(detail::rank_prefix(), desc, " did not complete within ",
+                  seconds, " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
+                  name_ == "world" ? "" : " [world ranks]",
+                  ". The communicator is unusable now."));
+  comm::communicator_broke(error);
+  throw error;
 }
 
 void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
@@ -499,7 +472,7 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
     if (out == MPI_COMM_NULL) return;
     child = std::make_shared<MpiCommunicator>(
         out, name.empty() ? name_ + "/" + std::to_string(color) : name,
-        mix_id(comm_id_, index, static_cast<uint64_t>(color)), threaded_);
+        mix_id(comm_id_, index, static_cast<uint64_t>(color)));
   });
   return child;
 }
@@ -518,8 +491,7 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
     int lowest = world_ranks_[rank_];
     MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, out);
     child = std::make_shared<MpiCommunicator>(
-        out, name, mix_id(comm_id_, index, static_cast<uint64_t>(lowest) + 7),
-        threaded_);
+        out, name, mix_id(comm_id_, index, static_cast<uint64_t>(lowest) + 7));
   });
   return child;
 }

@@ -30,8 +30,7 @@ class MpiCommunicator : public Communicator,
                         public std::enable_shared_from_this<MpiCommunicator> {
  public:
   // Takes ownership of `comm` (a communicator tutti created).
-  MpiCommunicator(MPI_Comm comm, std::string name, uint64_t comm_id,
-                  bool threaded);
+  MpiCommunicator(MPI_Comm comm, std::string name, uint64_t comm_id);
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -49,7 +48,6 @@ class MpiCommunicator : public Communicator,
 
   MPI_Comm comm() const { return data_; }
   uint64_t comm_id() const { return comm_id_; }
-  bool threaded() const { return threaded_; }
   int world_rank(int rank) const { return world_ranks_.at(rank); }
   const std::vector<int>& world_ranks() const { return world_ranks_; }
   // Waits for everything submitted so far.
@@ -98,7 +96,6 @@ class MpiCommunicator : public Communicator,
   MPI_Comm check_ = MPI_COMM_NULL;
   std::string name_;
   uint64_t comm_id_;
-  bool threaded_;
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> world_ranks_;

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "core/cpu_reduce.h"
+#include "tutti/config.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -85,6 +86,43 @@ void ensure_user_ops() {
 
 }  // namespace
 
+std::string thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "thread level " + std::to_string(level);
+}
+
+int requested_thread_level() {
+  const std::string v = config::get_string("TUTTI_MPI_THREAD_LEVEL");
+  if (v == "multiple") return MPI_THREAD_MULTIPLE;
+  if (v == "serialized") return MPI_THREAD_SERIALIZED;
+  if (v == "funneled") return MPI_THREAD_FUNNELED;
+  if (v == "single") return MPI_THREAD_SINGLE;
+  TUTTI_THROW(kInvalidArgument, "TUTTI_MPI_THREAD_LEVEL='", v,
+              "' (expected multiple, serialized, funneled or single)");
+}
+
+std::string thread_level_problem(int granted, bool owned) {
+  if (granted >= MPI_THREAD_MULTIPLE) return "";
+  return detail::cat(
+      "MPI granted ", thread_level_name(granted), " but tutti needs ",
+      thread_level_name(MPI_THREAD_MULTIPLE),
+      " (its progress threads, the NCCL agreement check and watchdog, the "
+      "status responder and the data-parallel bucket worker call MPI "
+      "alongside the application's thread); ",
+      owned ? "this MPI library does not provide it (rebuild or choose an "
+              "MPI with thread support; TUTTI_MPI_THREAD_LEVEL must be "
+              "'multiple')"
+            : "initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, "
+              "...) before tutti::init() (mpi4py: leave "
+              "mpi4py.rc.thread_level at its default 'multiple' before "
+              "`from mpi4py import MPI`)");
+}
+
 InitState initialize() {
   InitState s;
   if (is_initialized()) {
@@ -104,9 +142,16 @@ InitState initialize() {
     // from 256 KiB up at 2 ranks (bench/RESULTS.md).  Ask for the ring
     // unless the user chose; other MPIs ignore the variable.
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+    const int wanted = requested_thread_level();
     TUTTI_MPI_CHECK(
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &s.thread_level));
+        MPI_Init_thread(nullptr, nullptr, wanted, &s.thread_level));
     s.owned = true;
+  }
+  const std::string problem = thread_level_problem(s.thread_level, s.owned);
+  if (!problem.empty()) {
+    // tutti cannot run; MPI stays initialised (it could not be initialised
+    // again in this process) and the process is expected to exit.
+    TUTTI_THROW(kUnsupported, problem);
   }
   ensure_user_ops();
   return s;

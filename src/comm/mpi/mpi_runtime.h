@@ -27,8 +27,20 @@ struct InitState {
   bool owned = false;    // tutti called MPI_Init_thread and will finalise
   int thread_level = 0;  // MPI_THREAD_* granted
 };
-// Initialises MPI if nobody has (asking for MPI_THREAD_MULTIPLE), or adopts
-// the application's MPI.
+// "MPI_THREAD_FUNNELED" for MPI_THREAD_FUNNELED, ...
+std::string thread_level_name(int level);
+// The level tutti asks MPI_Init_thread for: MPI_THREAD_MULTIPLE unless
+// TUTTI_MPI_THREAD_LEVEL names a lower one (to test the refusal below).
+int requested_thread_level();
+// Empty when MPI granted enough; else why tutti cannot run.  tutti needs
+// MPI_THREAD_MULTIPLE: its progress threads, the NCCL agreement check and
+// watchdog, the status responder and the data-parallel bucket worker call
+// MPI concurrently with the application's thread.  `owned`: tutti
+// initialised MPI (else the application or mpi4py did).
+std::string thread_level_problem(int granted, bool owned);
+// Initialises MPI if nobody has (asking for requested_thread_level()), or
+// adopts the application's MPI.  Throws kUnsupported when the granted level
+// is below MPI_THREAD_MULTIPLE (thread_level_problem()).
 InitState initialize();
 // Frees tutti's user-defined ops and, if tutti owns MPI, finalises it.
 void finalize(const InitState& state);

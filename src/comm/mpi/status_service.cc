@@ -23,13 +23,13 @@ StatusService& StatusService::instance() {
   return *s;
 }
 
-void StatusService::start(MPI_Comm world, bool threaded) {
+void StatusService::start(MPI_Comm world) {
   if (running_) return;
   TUTTI_MPI_CHECK(MPI_Comm_dup(world, &comm_));
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   stop_ = false;
   running_ = true;
-  if (threaded) thread_ = std::thread([this] { respond_loop(); });
+  thread_ = std::thread([this] { respond_loop(); });
 }
 
 void StatusService::stop() {

@@ -6,7 +6,7 @@
 // MPI_COMM_WORLD, served by one responder thread per process) and names the
 // ranks that never arrived.  A rank that does not answer within
 // TUTTI_STATUS_GRACE_MS is reported as unresponsive (dead or hung outside
-// tutti).  Needs MPI_THREAD_MULTIPLE; without it the report says so.
+// tutti).  Needs MPI_THREAD_MULTIPLE, which init() requires.
 #pragma once
 
 #include <mpi.h>
@@ -43,8 +43,8 @@ class StatusService {
  public:
   static StatusService& instance();
 
-  // Duplicates `world` and starts the responder (threaded only).
-  void start(MPI_Comm world, bool threaded);
+  // Duplicates `world` and starts the responder thread.
+  void start(MPI_Comm world);
   // Stops the responder and frees the communicator.  Before MPI_Finalize.
   void stop();
   bool running() const { return running_; }

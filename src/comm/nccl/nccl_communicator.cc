@@ -3,16 +3,22 @@
 #include "core/check.h"
 
 #if TUTTI_WITH_NCCL
-#include <nccl.h>
+#include <sched.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
+#include "comm/mpi/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/nccl/nccl_utils.h"
 #include "comm/op_desc.h"
 #include "comm/progress_engine.h"
+#include "comm/registry.h"
 #include "comm/staged_work.h"
+#include "comm/watchdog.h"
 #include "core/cuda_utils.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -23,175 +29,302 @@ namespace nccl {
 
 #if TUTTI_WITH_NCCL
 
-#define TUTTI_NCCL_CHECK(expr)                                             \
-  do {                                                                     \
-    ncclResult_t tutti_nr_ = (expr);                                       \
-    if (tutti_nr_ != ncclSuccess)                                          \
-      TUTTI_THROW(kNccl, #expr, " failed: ", ncclGetErrorString(tutti_nr_), \
-                  " (", ncclGetLastError(nullptr), ")");                    \
-  } while (0)
-
 namespace {
 
-ncclDataType_t nccl_type(DType d) {
-  switch (d) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kInt8: return ncclInt8;
-    case DType::kUInt8: return ncclUint8;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
-  }
-  TUTTI_THROW(kInternal, "no NCCL type for dtype ", static_cast<int>(d));
-}
+// How a mismatch found by the overlapped check ends: peers may have started
+// the NCCL op, so the communicator cannot be kept.
+constexpr const char* kOverlapOutcome =
+    "the NCCL communicator was aborted (ranks may have started the "
+    "mismatched operation)";
 
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kProd: return ncclProd;
+// How often the watchdog polls while NCCL ops are in flight.
+constexpr std::chrono::microseconds kWatchInterval(200);
+
+// An error to hand around (the watchdog breaks with it, the work fails
+// with it).
+Error error_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err;
+  } catch (const std::exception& x) {
+    return Error(ErrorCode::kInternal, detail::cat(detail::rank_prefix(), x.what()));
   }
-  TUTTI_THROW(kInternal, "no NCCL op for ", reduce_op_name(op));
 }
 
 }  // namespace
 
 // Work of one NCCL operation: started (enqueued) by the engine, completed by
-// the GPU.
-class CudaWork : public comm::StagedWork {
+// the GPU and, in checked mode, by the agreement check; watched until then.
+class CudaWork : public comm::StagedWork, public comm::WatchedOp {
  public:
-  CudaWork(NcclCommunicatorImpl* owner, cudaStream_t user_stream,
-           double timeout_s)
-      : owner_(owner), user_stream_(user_stream), timeout_s_(timeout_s) {}
+  CudaWork(std::weak_ptr<NcclCommunicatorImpl> owner, int device,
+           cudaStream_t user_stream)
+      : owner_(std::move(owner)), device_(device), user_stream_(user_stream) {}
 
   void wait() override;
   void synchronize() override;
   bool test() override;
 
+  bool poll() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return poll_locked();
+  }
+  std::string phase() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (check && !check->settled())
+      return "agreeing on the operation with the other ranks";
+    return "waiting for the GPU (the NCCL kernel never finished)";
+  }
+  void fail(std::exception_ptr error) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_ || complete_) return;
+      error_ = error;
+      stage_ = kDone;
+    }
+    cv_.notify_all();
+  }
+
+  // Both created on the communicator's device (submit() holds a guard).
   cuda::Event ready;  // recorded on the caller's stream at submission
   cuda::Event done;   // recorded on the communication stream
+  // Posted by the engine before started(); null when not checking.
+  std::unique_ptr<mpi::AgreementCheck> check;
 
  private:
-  NcclCommunicatorImpl* owner_;
+  // mu_ held.  Throws what the check found.
+  bool poll_locked() {
+    if (complete_) return true;
+    if (stage_ == kQueued || error_) return false;
+    if (check && !check->test(comm::OpLabel(desc_))) return false;
+    if (!done.query()) return false;
+    complete_ = true;
+    return true;
+  }
+  // poll_locked() for a waiting user thread: a mismatch it finds breaks the
+  // communicator as the watchdog would.  mu_ held on entry and exit.
+  bool progress(std::unique_lock<std::mutex>& lock);
+
+  std::weak_ptr<NcclCommunicatorImpl> owner_;
+  int device_;
   cudaStream_t user_stream_;
-  double timeout_s_;
+  bool complete_ = false;
 };
 
 class NcclCommunicatorImpl {
  public:
-  NcclCommunicatorImpl(std::shared_ptr<mpi::MpiCommunicator> host, int device,
-                       std::string name)
-      : host(std::move(host)), device(device), name(std::move(name)),
-        engine(this->name + "-nccl", true) {
+  NcclCommunicatorImpl(std::shared_ptr<mpi::MpiCommunicator> host_comm,
+                       int dev, std::string comm_name)
+      : host(std::move(host_comm)), device(dev), name(std::move(comm_name)),
+        watchdog("NCCL", name, hooks()), engine(name + "-nccl") {
     int lo = 0, hi = 0;
     cuda::DeviceGuard g(device);
     TUTTI_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     stream.reset(new cuda::Stream(device, hi));  // highest priority
     TUTTI_CUDA_CHECK(cudaMalloc(&scratch, 16));
-    if (this->host) {
-      TUTTI_MPI_CHECK(MPI_Comm_dup(this->host->comm(), &check));
-      MPI_Comm_set_errhandler(check, MPI_ERRORS_RETURN);
+    if (host) {
+      // Phase 1 of the check is posted by the engine, phase 2 by whichever
+      // thread finds a disagreement: separate communicators keep each one's
+      // collectives in one order on every rank.  MPI_Comm_dup is collective
+      // on the host communicator: in order with its other operations.
+      host->run_ordered([this] {
+        for (MPI_Comm* c : {&check, &check_detail}) {
+          TUTTI_MPI_CHECK(MPI_Comm_dup(host->comm(), c));
+          MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
+        }
+      });
     }
+    refresh_settings();
+    const int d = device;
+    watchdog.start_thread(kWatchInterval, [d] {
+      return std::shared_ptr<void>(std::make_shared<cuda::DeviceGuard>(d));
+    });
   }
   ~NcclCommunicatorImpl() { close(); }
 
-  void close() {
-    std::lock_guard<std::mutex> lock(close_mu);
-    if (closed) return;
-    closed = true;
-    engine.stop();
-    if (comm) {
-      if (poisoned)
-        ncclCommAbort(comm);
-      else
-        ncclCommDestroy(comm);
-      comm = nullptr;
-    }
-    if (scratch) {
-      cuda::DeviceGuard g(device);
-      cudaFree(scratch);
-      scratch = nullptr;
-    }
-    if (check != MPI_COMM_NULL && mpi::is_initialized()) MPI_Comm_free(&check);
-    check = MPI_COMM_NULL;
+  comm::Watchdog::Hooks hooks() {
+    comm::Watchdog::Hooks h;
+    h.async_error = [this] { return async_error(); };
+    h.abort = [this] { abort(); };
+    h.on_broken = [](const Error& e) { comm::communicator_broke(e); };
+    return h;
   }
 
-  void abort_after_timeout(const std::string& desc, uint64_t seq,
-                           double seconds) {
-    poisoned = true;
-    if (comm) ncclCommAbort(comm);
+  // "" while healthy, else NCCL's asynchronous error.
+  std::string async_error() {
+    std::lock_guard<std::mutex> lock(nccl_mu);
+    if (!comm) return "";
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+    if (q != ncclSuccess) return result_text(q, comm);
+    if (state == ncclSuccess || state == ncclInProgress) return "";
+    return result_text(state, comm);
+  }
+
+  // ncclCommAbort under the lock every NCCL call takes, so that no thread
+  // is inside a call on the handle it frees.
+  void abort() {
+    std::lock_guard<std::mutex> lock(nccl_mu);
+    if (!comm) return;
+    cuda::DeviceGuard g(device);
+    const ncclResult_t r = ncclCommAbort(comm);
     comm = nullptr;
-    if (host) host->fail_timeout(comm::OpLabel(desc), seq, seconds, "waiting for NCCL");
-    TUTTI_THROW(kTimeout, desc, " did not complete within ", seconds,
-                " s (TUTTI_TIMEOUT); the NCCL communicator was aborted");
+    if (r != ncclSuccess)
+      TUTTI_LOG(kWarn) << "ncclCommAbort on '" << name << "': " << ncclGetErrorString(r);
   }
 
-  void execute(const OpRequest& r, CudaWork& work);
-  void enqueue(const OpRequest& r);
+  // Waits (bounded) while an enqueue on the non-blocking communicator is in
+  // progress, locking for each poll so an abort can come in between.
+  ncclResult_t settle(ncclResult_t rc, const mpi::Deadline& deadline) {
+    return await(
+        [this](ncclResult_t* state) {
+          std::lock_guard<std::mutex> lock(nccl_mu);
+          if (!comm) return ncclInvalidUsage;  // aborted meanwhile
+          return ncclCommGetAsyncError(comm, state);
+        },
+        rc, deadline);
+  }
+
+  void refresh_settings() {
+    const uint64_t gen = config::generation();
+    std::lock_guard<std::mutex> lock(settings_mu);
+    if (gen == settings_generation) return;
+    timeout_s = config::get_double("TUTTI_TIMEOUT");
+    check_ops = config::get_bool("TUTTI_CHECK_COLLECTIVES");
+    settings_generation = gen;
+  }
+
+  void close();
+  void execute(const OpRequest& r, bool checked,
+               const std::shared_ptr<CudaWork>& work);
+  // Enqueues `r` (nccl_mu held, device set); ncclInProgress is not an error.
+  ncclResult_t enqueue(const OpRequest& r);
+  // The error that breaks the communicator when an enqueue failed.
+  [[noreturn]] void enqueue_failed(const comm::OpLabel& desc, ncclResult_t rc,
+                                   double timeout);
 
   std::shared_ptr<mpi::MpiCommunicator> host;
-  int device;
-  std::string name;
+  const int device;
+  const std::string name;
   int rank = 0;
   int size = 1;
-  ncclComm_t comm = nullptr;
+  std::mutex nccl_mu;          // guards `comm` and every NCCL call on it
+  ncclComm_t comm = nullptr;   // null once aborted or closed
   std::unique_ptr<cuda::Stream> stream;
   void* scratch = nullptr;
   MPI_Comm check = MPI_COMM_NULL;
+  MPI_Comm check_detail = MPI_COMM_NULL;
+  comm::Watchdog watchdog;     // outlives the engine (declared before it)
   comm::ProgressEngine engine;
-  uint64_t next_seq = 0;      // collectives
-  uint64_t next_p2p_seq = 0;  // send/recv, numbered apart (two ranks only)
-  std::atomic<bool> poisoned{false};
-  bool closed = false;
+  uint64_t next_seq = 0;       // collectives; engine task only
+  uint64_t next_p2p_seq = 0;   // send/recv, numbered apart (two ranks only)
+  std::atomic<bool> closed{false};
   std::mutex close_mu;
+  std::mutex settings_mu;
+  uint64_t settings_generation = 0;
+  double timeout_s = 300;
+  bool check_ops = true;
 };
+
+void NcclCommunicatorImpl::close() {
+  std::lock_guard<std::mutex> lock(close_mu);
+  if (closed.exchange(true)) return;
+  engine.stop();
+  // Ops in flight finish or fail first: the watchdog bounds them (with
+  // TUTTI_TIMEOUT=0, as everywhere, a dead peer is waited for forever).
+  while (watchdog.in_flight() > 0 && !watchdog.broken())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  watchdog.stop_thread();
+  ncclComm_t c = nullptr;
+  {
+    std::lock_guard<std::mutex> nl(nccl_mu);
+    std::swap(c, comm);
+  }
+  // Also runs from the destructor and at exit: log, never throw.
+  try {
+    cuda::DeviceGuard g(device);
+    if (c) {
+      const ncclResult_t rc = await(c, ncclCommFinalize(c), mpi::Deadline(timeout_s));
+      if (rc == ncclSuccess) {
+        ncclCommDestroy(c);
+      } else {
+        TUTTI_LOG(kWarn) << "NCCL communicator '" << name << "': ncclCommFinalize "
+                         << (rc == ncclInProgress ? "did not finish in time"
+                                                  : ncclGetErrorString(rc))
+                         << "; aborting it";
+        ncclCommAbort(c);
+      }
+    }
+    if (scratch) cudaFree(scratch);
+    stream.reset();
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kWarn) << "closing NCCL communicator '" << name << "': " << e.what();
+  }
+  scratch = nullptr;
+  if (mpi::is_initialized())
+    for (MPI_Comm* m : {&check, &check_detail})
+      if (*m != MPI_COMM_NULL) MPI_Comm_free(m);
+  check = check_detail = MPI_COMM_NULL;
+}
 
 void CudaWork::wait() {
   std::unique_lock<std::mutex> lock(mu_);
   wait_started(lock);
+  cuda::DeviceGuard g(device_);
   TUTTI_CUDA_CHECK(cudaStreamWaitEvent(user_stream_, done.get(), 0));
 }
 
-bool CudaWork::test() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stage_ == kQueued) return false;
-    if (error_) std::rethrow_exception(error_);
+bool CudaWork::progress(std::unique_lock<std::mutex>& lock) {
+  try {
+    return poll_locked();
+  } catch (...) {
+    const Error err = error_of(std::current_exception());
+    lock.unlock();
+    if (auto owner = owner_.lock()) owner->watchdog.break_with(err, this);
+    fail(std::make_exception_ptr(err));  // if the watchdog did not yet hold it
+    lock.lock();
+    std::rethrow_exception(error_);
   }
-  return done.query();
+}
+
+bool CudaWork::test() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+  if (stage_ == kQueued) return false;
+  cuda::DeviceGuard g(device_);
+  return progress(lock);
 }
 
 void CudaWork::synchronize() {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    wait_started(lock);
-  }
-  mpi::Deadline deadline(timeout_s_);
-  for (;;) {
-    if (done.query()) return;
-    ncclResult_t async = ncclSuccess;
-    if (owner_->comm) ncclCommGetAsyncError(owner_->comm, &async);
-    if (async != ncclSuccess && async != ncclInProgress)
-      TUTTI_THROW(kNccl, desc_, ": NCCL reported ", ncclGetErrorString(async));
-    if (deadline.expired())
-      owner_->abort_after_timeout(desc_, seq_, timeout_s_);
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  std::unique_lock<std::mutex> lock(mu_);
+  wait_started(lock);
+  cuda::DeviceGuard g(device_);
+  // The watchdog bounds this loop: at the deadline it fails the work.
+  for (uint64_t i = 0;; ++i) {
+    if (error_) std::rethrow_exception(error_);
+    if (progress(lock)) return;
+    if (i < 64) {
+      lock.unlock();
+      sched_yield();
+      lock.lock();
+    } else {
+      cv_.wait_for(lock, std::chrono::microseconds(50));
+    }
   }
 }
 
-void NcclCommunicatorImpl::execute(const OpRequest& r, CudaWork& work) {
+void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
+                                   const std::shared_ptr<CudaWork>& work) {
+  const auto start = comm::Watchdog::Clock::now();
   const bool p2p =
       r.kind == CollectiveKind::kSend || r.kind == CollectiveKind::kRecv;
   const uint64_t seq = p2p ? ++next_p2p_seq : ++next_seq;
   const comm::OpLabel desc(r, seq, name);
+  const double timeout = r.options.timeout_s;
+  const mpi::Deadline deadline(timeout);
   try {
-    if (poisoned || closed || !comm)
-      TUTTI_THROW(kAborted, desc, ": NCCL communicator '", name,
-                  "' is unusable after an earlier failure");
+    watchdog.throw_if_broken(desc.str());
     std::exception_ptr local_error;
     try {
       comm::validate(r, rank, size, desc);
@@ -204,95 +337,138 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, CudaWork& work) {
     } catch (const Error&) {
       local_error = std::current_exception();
     }
-    if (host && size > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES") &&
-        r.kind != CollectiveKind::kSend && r.kind != CollectiveKind::kRecv) {
-      const double timeout = r.options.timeout_s;
-      mpi::MpiCommunicator::check_agreement(
-          check, comm::make_wire(r, seq), local_error != nullptr, desc,
-          mpi::Deadline(timeout), [&] {
-            host->fail_timeout(desc, seq, timeout, "agreeing on the operation");
-          });
+    if (host && size > 1 && checked && !p2p) {
+      // Posted, not waited for: the NCCL call below is enqueued at once and
+      // the watchdog (or a waiting thread) completes the check.
+      work->check.reset(new mpi::AgreementCheck(
+          check, check_detail, comm::make_wire(r, seq), local_error != nullptr,
+          kOverlapOutcome));
+      if (local_error) {
+        // The peers enqueued this op already and it can never complete:
+        // let them learn that this rank rejected it, then give up the
+        // communicator (its own error below is the precise one).
+        try {
+          work->check->wait(deadline, desc);
+        } catch (const Error&) {
+        }
+        watchdog.break_with(error_of(local_error), nullptr);
+      }
     }
     if (local_error) std::rethrow_exception(local_error);
-    cuda::DeviceGuard g(device);
-    TUTTI_CUDA_CHECK(cudaStreamWaitEvent(stream->get(), work.ready.get(), 0));
-    enqueue(r);
-    work.done.record(stream->get());
-    work.started(seq, desc.str());
+    ncclResult_t rc;
+    {
+      std::lock_guard<std::mutex> lock(nccl_mu);
+      if (!comm) watchdog.throw_if_broken(desc.str());
+      TUTTI_CHECK(comm != nullptr, desc, ": NCCL communicator '", name, "' has no handle");
+      cuda::DeviceGuard g(device);
+      TUTTI_CUDA_CHECK(cudaStreamWaitEvent(stream->get(), work->ready.get(), 0));
+      rc = enqueue(r);
+    }
+    // Kernels are launched only once the state leaves ncclInProgress.
+    rc = settle(rc, deadline);
+    if (rc != ncclSuccess) enqueue_failed(desc, rc, timeout);
+    {
+      cuda::DeviceGuard g(device);
+      work->done.record(stream->get());
+    }
+    work->started(seq, desc.str());
+    watchdog.add(work, seq, desc.str(), timeout, start);
   } catch (...) {
-    work.failed(std::current_exception(), seq, desc.str());
+    work->failed(std::current_exception(), seq, desc.str());
   }
 }
 
-void NcclCommunicatorImpl::enqueue(const OpRequest& r) {
+void NcclCommunicatorImpl::enqueue_failed(const comm::OpLabel& desc,
+                                          ncclResult_t rc, double timeout) {
+  watchdog.throw_if_broken(desc.str());  // aborted while enqueueing
+  // Peers may have enqueued their side: the communicator cannot be kept.
+  const Error err =
+      rc == ncclInProgress
+          ? Error(ErrorCode::kTimeout,
+                  detail::cat(detail::rank_prefix(), desc,
+                              ": NCCL did not finish enqueueing it within ",
+                              timeout, " s (TUTTI_TIMEOUT; a peer is missing "
+                              "for the connection setup); the NCCL "
+                              "communicator '", name, "' was aborted"))
+          : Error(ErrorCode::kNccl,
+                  detail::cat(detail::rank_prefix(), desc, ": NCCL failed: ",
+                              result_text(rc, nullptr), "; the NCCL "
+                              "communicator '", name, "' was aborted"));
+  watchdog.break_with(err, nullptr);
+  throw err;
+}
+
+#define TUTTI_NCCL_TRY(expr)                                  \
+  do {                                                        \
+    const ncclResult_t tutti_try_ = (expr);                   \
+    if (tutti_try_ != ncclSuccess && tutti_try_ != ncclInProgress) \
+      return tutti_try_;                                      \
+  } while (0)
+
+ncclResult_t NcclCommunicatorImpl::enqueue(const OpRequest& r) {
   const cudaStream_t s = stream->get();
   const Tensor& in = r.input;
   const Tensor& out = r.output;
-  const ncclDataType_t t = nccl_type(in.dtype());
   const size_t es = in.element_size();
   switch (r.kind) {
     case CollectiveKind::kAllreduce:
-      TUTTI_NCCL_CHECK(ncclAllReduce(in.data(), out.data(), in.numel(), t,
-                                     nccl_op(r.op), comm, s));
-      return;
+      return ncclAllReduce(in.data(), out.data(), in.numel(),
+                           nccl_type(in.dtype()), nccl_op(r.op), comm, s);
     case CollectiveKind::kBroadcast:
-      TUTTI_NCCL_CHECK(ncclBroadcast(in.data(), in.data(), in.numel(), t,
-                                     r.root, comm, s));
-      return;
+      return ncclBroadcast(in.data(), in.data(), in.numel(),
+                           nccl_type(in.dtype()), r.root, comm, s);
     case CollectiveKind::kAllgather:
-      TUTTI_NCCL_CHECK(
-          ncclAllGather(in.data(), out.data(), in.numel(), t, comm, s));
-      return;
+      return ncclAllGather(in.data(), out.data(), in.numel(),
+                           nccl_type(in.dtype()), comm, s);
     case CollectiveKind::kAllgatherv: {
       // NCCL has no allgatherv: one broadcast per rank, grouped.
-      TUTTI_NCCL_CHECK(ncclGroupStart());
+      GroupGuard group;
+      TUTTI_NCCL_TRY(group.started());
       int64_t off = 0;
       for (int i = 0; i < size; ++i) {
         char* dst = static_cast<char*>(out.data()) + off * es;
         const void* src = i == rank ? in.data() : dst;
-        TUTTI_NCCL_CHECK(ncclBroadcast(src, dst, r.counts[i], t, i, comm, s));
+        TUTTI_NCCL_TRY(ncclBroadcast(src, dst, r.counts[i],
+                                     nccl_type(in.dtype()), i, comm, s));
         off += r.counts[i];
       }
-      TUTTI_NCCL_CHECK(ncclGroupEnd());
-      return;
+      return group.end();
     }
     case CollectiveKind::kReduceScatter:
-      TUTTI_NCCL_CHECK(ncclReduceScatter(in.data(), out.data(), out.numel(), t,
-                                         nccl_op(r.op), comm, s));
-      return;
+      return ncclReduceScatter(in.data(), out.data(), out.numel(),
+                               nccl_type(in.dtype()), nccl_op(r.op), comm, s);
     case CollectiveKind::kAlltoall: {
       const int64_t block = in.numel() / size;
-      TUTTI_NCCL_CHECK(ncclGroupStart());
+      GroupGuard group;
+      TUTTI_NCCL_TRY(group.started());
       for (int p = 0; p < size; ++p) {
-        TUTTI_NCCL_CHECK(ncclSend(static_cast<const char*>(in.data()) + p * block * es,
-                                  block, t, p, comm, s));
-        TUTTI_NCCL_CHECK(ncclRecv(static_cast<char*>(out.data()) + p * block * es,
-                                  block, t, p, comm, s));
+        TUTTI_NCCL_TRY(ncclSend(static_cast<const char*>(in.data()) + p * block * es,
+                                block, nccl_type(in.dtype()), p, comm, s));
+        TUTTI_NCCL_TRY(ncclRecv(static_cast<char*>(out.data()) + p * block * es,
+                                block, nccl_type(in.dtype()), p, comm, s));
       }
-      TUTTI_NCCL_CHECK(ncclGroupEnd());
-      return;
+      return group.end();
     }
     case CollectiveKind::kBarrier:
-      TUTTI_NCCL_CHECK(
-          ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, s));
-      return;
+      return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, s);
     case CollectiveKind::kSend:
-      TUTTI_NCCL_CHECK(ncclSend(in.data(), in.numel(), t, r.root, comm, s));
-      return;
+      return ncclSend(in.data(), in.numel(), nccl_type(in.dtype()), r.root,
+                      comm, s);
     case CollectiveKind::kRecv:
-      TUTTI_NCCL_CHECK(ncclRecv(in.data(), in.numel(), t, r.root, comm, s));
-      return;
+      return ncclRecv(in.data(), in.numel(), nccl_type(in.dtype()), r.root,
+                      comm, s);
   }
+  return ncclInvalidArgument;
 }
 
-NcclCommunicator::NcclCommunicator(std::unique_ptr<NcclCommunicatorImpl> impl)
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclCommunicatorImpl> impl)
     : impl_(std::move(impl)) {}
 NcclCommunicator::~NcclCommunicator() { close(); }
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
     std::shared_ptr<mpi::MpiCommunicator> host, int device,
     const std::string& name) {
-  auto impl = std::make_unique<NcclCommunicatorImpl>(host, device, name);
+  auto impl = std::make_shared<NcclCommunicatorImpl>(host, device, name);
   impl->rank = host ? host->rank() : 0;
   impl->size = host ? host->size() : 1;
   ncclUniqueId id;
@@ -304,10 +480,31 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
     host->broadcast(t, 0, o);
   }
   cuda::DeviceGuard g(device);
-  TUTTI_NCCL_CHECK(ncclCommInitRank(&impl->comm, impl->size, id, impl->rank));
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t c = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&c, impl->size, id, impl->rank, &config);
+  if (c) rc = await(c, rc, mpi::Deadline(impl->timeout_s));
+  if (rc != ncclSuccess) {
+    if (c) ncclCommAbort(c);
+    if (rc != ncclInProgress)
+      TUTTI_THROW(kNccl, "NCCL communicator '", name, "' (rank ", impl->rank,
+                  " of ", impl->size, " on cuda:", device,
+                  "): ncclCommInitRankConfig failed: ", result_text(rc, nullptr));
+    const Error err(
+        ErrorCode::kTimeout,
+        detail::cat(detail::rank_prefix(), "NCCL communicator '", name,
+                    "' (rank ", impl->rank, " of ", impl->size, " on cuda:",
+                    device, "): ncclCommInitRankConfig did not complete within ",
+                    impl->timeout_s, " s (TUTTI_TIMEOUT): a rank did not join "
+                    "(it failed, or took another path); the half-built "
+                    "communicator was aborted"));
+    comm::communicator_broke(err);
+    throw err;
+  }
+  impl->comm = c;
   TUTTI_LOG(kInfo) << "NCCL communicator '" << name << "' ready on cuda:"
-                   << device << " (" << impl->size << " ranks)";
-  return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impl)));
+                   << device << " (" << impl->size << " ranks, non-blocking)";
+  return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(impl));
 }
 
 int NcclCommunicator::rank() const { return impl_->rank; }
@@ -316,20 +513,32 @@ std::string NcclCommunicator::name() const { return impl_->name; }
 int NcclCommunicator::device() const { return impl_->device; }
 void NcclCommunicator::drain() { impl_->engine.drain(); }
 void NcclCommunicator::close() { impl_->close(); }
+bool NcclCommunicator::broken() const { return impl_->watchdog.broken(); }
 
 WorkPtr NcclCommunicator::submit(const OpRequest& request, bool blocking) {
+  struct Queued {
+    OpRequest request;
+    bool checked;
+  };
   NcclCommunicatorImpl* impl = impl_.get();
-  OpRequest r = request;
-  if (r.options.timeout_s <= 0)
-    r.options.timeout_s = config::get_double("TUTTI_TIMEOUT");
+  // A closed engine runs nothing: fail here rather than hand out a Work
+  // that never starts.
+  if (impl->closed)
+    TUTTI_THROW(kAborted, collective_kind_name(request.kind),
+                " on NCCL communicator '", impl->name, "': it is closed");
+  impl->refresh_settings();
+  auto q = std::make_shared<Queued>();
+  q->request = request;
+  if (q->request.options.timeout_s <= 0) q->request.options.timeout_s = impl->timeout_s;
+  q->checked = impl->check_ops;
   cuda::DeviceGuard g(impl->device);
   auto work = std::make_shared<CudaWork>(
-      impl, static_cast<cudaStream_t>(r.options.stream), r.options.timeout_s);
+      impl_, impl->device, static_cast<cudaStream_t>(request.options.stream));
   // Order the communication after the work already on the caller's stream.
-  work->ready.record(static_cast<cudaStream_t>(r.options.stream));
-  auto holder = std::make_shared<OpRequest>(std::move(r));
-  impl->engine.submit([impl, holder, work] { impl->execute(*holder, *work); },
-                      blocking);
+  work->ready.record(static_cast<cudaStream_t>(request.options.stream));
+  // `impl` outlives its engine's tasks: close() drains them first.
+  impl->engine.submit(
+      [impl, q, work] { impl->execute(q->request, q->checked, work); }, blocking);
   return work;
 }
 
@@ -348,35 +557,65 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
   std::exception_ptr err;
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;
+  bool finished = false;
   // ncclCommSplit is collective over the parent: run it in order with the
   // parent's operations.
   parent->engine.submit(
       [&] {
         try {
-          cuda::DeviceGuard g(parent->device);
+          const std::string what = detail::cat(
+              "ncclCommSplit (color ", color, ", key ", key, ") of '",
+              parent->name, "' into '", name, "'");
+          parent->watchdog.throw_if_broken(what);
+          const mpi::Deadline deadline(parent->timeout_s);
+          ncclConfig_t config = nonblocking_config();
           ncclComm_t out = nullptr;
-          TUTTI_NCCL_CHECK(ncclCommSplit(parent->comm,
-                                         color < 0 ? NCCL_SPLIT_NOCOLOR : color,
-                                         key, &out, nullptr));
+          ncclResult_t rc;
+          {
+            std::lock_guard<std::mutex> lock(parent->nccl_mu);
+            parent->watchdog.throw_if_broken(what);
+            cuda::DeviceGuard g(parent->device);
+            rc = ncclCommSplit(parent->comm,
+                               color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                               &out, &config);
+          }
+          rc = parent->settle(rc, deadline);
+          if (rc == ncclSuccess && out) rc = await(out, ncclInProgress, deadline);
+          if (rc != ncclSuccess) {
+            if (out) ncclCommAbort(out);
+            const Error e =
+                rc == ncclInProgress
+                    ? Error(ErrorCode::kTimeout,
+                            detail::cat(detail::rank_prefix(), what,
+                                        " did not complete within ",
+                                        parent->timeout_s,
+                                        " s (TUTTI_TIMEOUT): a rank did not "
+                                        "take part"))
+                    : Error(ErrorCode::kNccl,
+                            detail::cat(detail::rank_prefix(), what,
+                                        " failed: ", result_text(rc, nullptr)));
+            // The parent's collective state is unknown now.
+            parent->watchdog.break_with(e, nullptr);
+            throw e;
+          }
           if (out) {
-            auto impl = std::make_unique<NcclCommunicatorImpl>(
+            auto impl = std::make_shared<NcclCommunicatorImpl>(
                 host_child, parent->device, name);
-            impl->comm = out;
-            ncclCommUserRank(out, &impl->rank);
-            ncclCommCount(out, &impl->size);
-            child.reset(new NcclCommunicator(std::move(impl)));
+            impl->comm = out;  // owned (and finalised) by impl from here
+            TUTTI_NCCL_CHECK(ncclCommUserRank(out, &impl->rank));
+            TUTTI_NCCL_CHECK(ncclCommCount(out, &impl->size));
+            child.reset(new NcclCommunicator(impl));
           }
         } catch (...) {
           err = std::current_exception();
         }
         std::lock_guard<std::mutex> lock(mu);
-        done = true;
+        finished = true;
         cv.notify_all();
       },
       true);
   std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
+  cv.wait(lock, [&] { return finished; });
   if (err) std::rethrow_exception(err);
   return child;
 }
@@ -385,7 +624,7 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
 
 class NcclCommunicatorImpl {};
 
-NcclCommunicator::NcclCommunicator(std::unique_ptr<NcclCommunicatorImpl> impl)
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclCommunicatorImpl> impl)
     : impl_(std::move(impl)) {}
 NcclCommunicator::~NcclCommunicator() = default;
 
@@ -401,6 +640,7 @@ std::string NcclCommunicator::name() const { return ""; }
 int NcclCommunicator::device() const { return -1; }
 void NcclCommunicator::drain() {}
 void NcclCommunicator::close() {}
+bool NcclCommunicator::broken() const { return false; }
 WorkPtr NcclCommunicator::submit(const OpRequest&, bool) {
   TUTTI_THROW(kUnsupported, "this build of tutti has no NCCL support");
 }

@@ -1,14 +1,20 @@
 // Communicator over NCCL for CUDA tensors.
 //
 // Bootstrapped over the group's host communicator (rank 0's ncclUniqueId is
-// broadcast over MPI).  Operations run on the communicator's own
-// high-priority stream: at submission an event is recorded on the caller's
-// stream (OpOptions::stream) and the communication stream waits on it; the
-// op's completion event is what Work::wait() makes the caller's stream wait
-// for, so neither side blocks the host.  The agreement check runs on the
-// host over a private MPI communicator before the NCCL call is enqueued.
-// Work::synchronize() polls completion against TUTTI_TIMEOUT and aborts the
-// NCCL communicator (ncclCommAbort) on expiry.
+// broadcast over MPI) as a non-blocking NCCL communicator, so that init,
+// split, finalize and every enqueue are bounded by TUTTI_TIMEOUT.
+// Operations run on the communicator's own high-priority stream: at
+// submission an event is recorded on the caller's stream (OpOptions::stream)
+// and the communication stream waits on it; the op's completion event is
+// what Work::wait() makes the caller's stream wait for, so neither side
+// blocks the host.
+//
+// The agreement check overlaps with the op: the engine posts the
+// fingerprint all-reduce (MPI, non-blocking) and enqueues the NCCL call at
+// once; the watchdog completes the check.  Every started op is watched
+// (comm/watchdog.h): on a timeout, an NCCL asynchronous error or a
+// mismatch the NCCL communicator is aborted and marked broken, every op in
+// flight fails, and later ones fail with kAborted.
 #pragma once
 
 #include <memory>
@@ -49,11 +55,17 @@ class NcclCommunicator : public Communicator {
       int color, int key, std::shared_ptr<mpi::MpiCommunicator> host_child,
       const std::string& name);
   void drain();
+  // Waits for the ops in flight, then finalises the NCCL communicator
+  // (aborts it if that does not finish within TUTTI_TIMEOUT).  Idempotent.
   void close();
+  // True once the watchdog aborted the communicator.
+  bool broken() const;
 
  private:
-  explicit NcclCommunicator(std::unique_ptr<NcclCommunicatorImpl> impl);
-  std::unique_ptr<NcclCommunicatorImpl> impl_;
+  explicit NcclCommunicator(std::shared_ptr<NcclCommunicatorImpl> impl);
+  // Shared with the Works, which hold it weakly: a Work that outlives its
+  // communicator, or races its abort, never touches freed state.
+  std::shared_ptr<NcclCommunicatorImpl> impl_;
 };
 
 }  // namespace nccl

@@ -1,0 +1,85 @@
+#include "comm/mpi/agreement.h"
+
+#include <string>
+
+namespace tutti {
+namespace mpi {
+
+AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
+                               const comm::WireDesc& wire, bool locally_invalid,
+                               const char* outcome)
+    : detail_comm_(detail_comm), locally_invalid_(locally_invalid),
+      outcome_(outcome),
+      b_(new Buffers()) {
+  b_->wire = wire;
+  b_->wire.pad = locally_invalid ? 1 : 0;
+  f_ = comm::fingerprint(b_->wire) ^ (locally_invalid ? 0x5a5aull : 0);
+  b_->fp[0] = f_;
+  b_->fp[1] = ~f_;
+  const int rc = MPI_Iallreduce(MPI_IN_PLACE, b_->fp, 2, MPI_UINT64_T, MPI_MAX,
+                                check_comm, &b_->req);
+  if (rc != MPI_SUCCESS) {
+    delete b_;
+    throw_mpi_error(rc, "MPI_Iallreduce (agreement check)", __FILE__, __LINE__);
+  }
+}
+
+AgreementCheck::~AgreementCheck() {
+  if (b_->req == MPI_REQUEST_NULL || !is_initialized())
+    delete b_;
+  // else: abandoned with MPI still owning the buffers.
+}
+
+bool AgreementCheck::test(const comm::OpLabel& desc) {
+  if (phase_ == kSettled) return true;
+  int flag = 0;
+  const int rc = MPI_Test(&b_->req, &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) throw_mpi_error(rc, "MPI_Test (agreement check)", __FILE__, __LINE__);
+  if (!flag) return false;
+  if (phase_ == kReduce) {
+    if (b_->fp[0] == f_ && b_->fp[1] == ~f_) {
+      phase_ = kSettled;
+      return true;
+    }
+    int size = 0;
+    MPI_Comm_size(detail_comm_, &size);
+    b_->all.resize(static_cast<size_t>(size));
+    phase_ = kGather;
+    TUTTI_MPI_CHECK(MPI_Iallgather(&b_->wire, sizeof(comm::WireDesc), MPI_BYTE,
+                                   b_->all.data(), sizeof(comm::WireDesc),
+                                   MPI_BYTE, detail_comm_, &b_->req));
+    return test(desc);
+  }
+  phase_ = kSettled;
+  settle_mismatch(desc);
+  return true;
+}
+
+void AgreementCheck::settle_mismatch(const comm::OpLabel& desc) {
+  std::vector<int> invalid;
+  for (size_t i = 0; i < b_->all.size(); ++i)
+    if (b_->all[i].pad) invalid.push_back(static_cast<int>(i));
+  if (!invalid.empty()) {
+    if (locally_invalid_) return;  // the caller throws its own, precise error
+    std::string who;
+    for (size_t i = 0; i < invalid.size(); ++i)
+      who += (i ? ", " : "") + std::to_string(invalid[i]);
+    TUTTI_THROW(kMismatch, desc, ": rank", invalid.size() > 1 ? "s " : " ", who,
+                " rejected the arguments of this operation (see the error on ",
+                invalid.size() > 1 ? "those ranks" : "that rank",
+                "); ", outcome_);
+  }
+  for (auto& d : b_->all) d.pad = 0;
+  TUTTI_THROW(kMismatch, desc, ": ranks disagree on the operation: ",
+              comm::mismatch_message(b_->all), "; ", outcome_);
+}
+
+bool AgreementCheck::wait(const Deadline& deadline, const comm::OpLabel& desc) {
+  for (;;) {
+    if (test(desc)) return true;
+    if (!mpi::wait(&b_->req, deadline)) return false;
+  }
+}
+
+}  // namespace mpi
+}  // namespace tutti

@@ -1,0 +1,76 @@
+#include "comm/nccl/nccl_utils.h"
+
+#if TUTTI_WITH_NCCL
+#include <sched.h>
+
+#include <chrono>
+#include <thread>
+
+namespace tutti {
+namespace nccl {
+
+std::string result_text(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last && *last) s += detail::cat(" (", last, ")");
+  return s;
+}
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kInt8: return ncclInt8;
+    case DType::kUInt8: return ncclUint8;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+  }
+  TUTTI_THROW(kInternal, "no NCCL type for dtype ", static_cast<int>(d));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kProd: return ncclProd;
+  }
+  TUTTI_THROW(kInternal, "no NCCL op for ", reduce_op_name(op));
+}
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+ncclResult_t await(ncclComm_t comm, ncclResult_t rc,
+                   const mpi::Deadline& deadline) {
+  return await([comm](ncclResult_t* state) {
+    return ncclCommGetAsyncError(comm, state);
+  }, rc, deadline);
+}
+
+ncclResult_t await(const std::function<ncclResult_t(ncclResult_t*)>& query,
+                   ncclResult_t rc, const mpi::Deadline& deadline) {
+  for (uint64_t i = 0; rc == ncclInProgress; ++i) {
+    if (deadline.expired()) return ncclInProgress;
+    // Enqueues finish within microseconds; init and split take longer.
+    if (i < 64)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t q = query(&state);
+    if (q != ncclSuccess) return q;
+    rc = state;
+  }
+  return rc;
+}
+
+}  // namespace nccl
+}  // namespace tutti
+#endif  // TUTTI_WITH_NCCL

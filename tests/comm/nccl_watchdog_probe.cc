@@ -1,0 +1,149 @@
+// The NCCL watchdog on a device (label gpu), driven by nccl_watchdog_test.sh
+// (and exit_code_test.sh for the exit status).  One rank per GPU; exits 77
+// without a device or with fewer GPUs than ranks on this host.
+//   unmatched_send  np 1: rank 0 sends to itself and nobody receives; the
+//                   caller only calls Work::wait() (which never blocks the
+//                   host), yet the watchdog must abort the communicator
+//                   within the op's timeout, the work must carry kTimeout
+//                   naming "send #1", later ops kAborted, and the caller's
+//                   stream must drain.
+//   stopped_peer    np 2: rank 1 stops submitting; rank 0's all-reduce must
+//                   fail with kTimeout naming "allreduce #1".
+//   mismatch        np 2: counts differ; the overlapped check must report
+//                   kMismatch naming both ranks' descriptions, and abort.
+// A rank that sees what it should prints "PROBE-OK rank R: <what>".
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "comm/nccl/nccl_communicator.h"
+#include "tutti/tutti.h"
+
+namespace {
+
+using namespace tutti;
+using Clock = std::chrono::steady_clock;
+
+int rank_ = 0;
+
+void ok(const std::string& what) {
+  std::printf("PROBE-OK rank %d: %s\n", rank_, what.c_str());
+  std::fflush(stdout);
+}
+void fail(const std::string& what) {
+  std::printf("PROBE-FAIL rank %d: %s\n", rank_, what.c_str());
+  std::fflush(stdout);
+}
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Runs `f`; checks it raises `code` with every part in its message.
+template <typename F>
+void expect_error(const char* what, ErrorCode code,
+                  std::initializer_list<std::string> parts, F f) {
+  try {
+    f();
+    fail(std::string(what) + ": no error");
+  } catch (const Error& e) {
+    bool all = e.code() == code;
+    for (const auto& p : parts) all = all && has(e.message(), p);
+    if (all)
+      ok(std::string(what) + ": " + e.message());
+    else
+      fail(std::string(what) + ": unexpected " + e.what());
+  }
+}
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) { cudaMalloc(&p, bytes); }
+  ~DeviceBuffer() { cudaFree(p); }
+  void* p = nullptr;
+};
+
+int run(const std::string& mode) {
+  auto w = world();
+  rank_ = w->rank();
+  if (cuda_device_count() < local_size() || cuda_device_count() == 0) {
+    if (rank_ == 0) std::printf("fewer GPUs than ranks on this host: skipping\n");
+    return 77;
+  }
+  const int device = local_rank();
+  cudaSetDevice(device);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  auto nccl = std::dynamic_pointer_cast<nccl::NcclCommunicator>(w->cuda_communicator(device));
+  const double timeout = 3;
+  OpOptions o;
+  o.name = "probe";
+  o.stream = stream;
+  o.timeout_s = timeout;
+  DeviceBuffer buf(4096);
+
+  if (mode == "unmatched_send") {
+    Tensor t(buf.p, DType::kFloat32, Shape{256}, Device::cuda(device));
+    WorkPtr work = w->send_async(t, 0, 0, o);
+    try {
+      work->wait();  // returns at once: only the stream waits
+    } catch (const Error& e) {
+      // NCCL may hold the enqueue itself in ncclInProgress (no peer for the
+      // connection): then the engine's bounded wait fails it the same way.
+      std::printf("note rank %d: wait() raised %s\n", rank_, e.what());
+    }
+    const auto give_up = Clock::now() + std::chrono::seconds(60);
+    while (!nccl->broken() && Clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (nccl->broken())
+      ok("the watchdog aborted the communicator with nobody synchronising");
+    else
+      fail("the communicator was not aborted within 60 s");
+    expect_error("synchronize", ErrorCode::kTimeout,
+                 {"send #1 'probe'", "within 3 s", "was aborted"},
+                 [&] { work->synchronize(); });
+    expect_error("a later op", ErrorCode::kAborted,
+                 {"allreduce #1", "is unusable after an earlier failure", "send #1"},
+                 [&] { w->allreduce_async(t, ReduceOp::kSum, o)->wait(); });
+    const cudaError_t drained = cudaStreamSynchronize(stream);
+    ok(std::string("the caller's stream drained: ") + cudaGetErrorString(drained));
+  } else if (mode == "stopped_peer") {
+    Tensor t(buf.p, DType::kFloat32, Shape{1000}, Device::cuda(device));
+    if (rank_ == 1) {
+      sleep(static_cast<unsigned>(timeout) + 8);  // mpiexec ends the job later
+      return 0;
+    }
+    WorkPtr work = w->allreduce_async(t, ReduceOp::kSum, o);
+    expect_error("the stopped peer", ErrorCode::kTimeout,
+                 {"allreduce #1 'probe'", "within 3 s", "was aborted"},
+                 [&] {
+                   work->wait();
+                   work->synchronize();
+                 });
+  } else if (mode == "mismatch") {
+    Tensor t(buf.p, DType::kFloat32, Shape{rank_ == 1 ? 17 : 16}, Device::cuda(device));
+    WorkPtr work = w->allreduce_async(t, ReduceOp::kSum, o);
+    expect_error("the mismatch", ErrorCode::kMismatch,
+                 {"ranks disagree on the operation", "x17", "x16",
+                  "the NCCL communicator was aborted"},
+                 [&] { work->synchronize(); });
+    expect_error("after the mismatch", ErrorCode::kAborted, {"allreduce #2"},
+                 [&] { w->allreduce_async(t, ReduceOp::kSum, o)->synchronize(); });
+  } else {
+    fail("unknown mode " + mode);
+  }
+  sleep(1);  // let peers print before the first exit ends the job
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tutti::init();
+  const int rc = run(argc > 1 ? argv[1] : "unmatched_send");
+  std::fflush(stdout);
+  if (rc == 77) tutti::shutdown();
+  return rc;
+}

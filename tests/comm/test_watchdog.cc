@@ -1,0 +1,244 @@
+// The NCCL watchdog's logic on the CPU (label comm): fake operations, a
+// fake clock and fake transport hooks drive comm::Watchdog through every
+// transition the GPU path relies on (tests/comm/test_nccl_watchdog.cc
+// checks the same on a device).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "comm/watchdog.h"
+#include "core/check.h"
+
+namespace tutti {
+namespace comm {
+namespace {
+
+using Clock = Watchdog::Clock;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class FakeOp : public WatchedOp {
+ public:
+  bool poll() override {
+    ++polls;
+    if (throw_mismatch)
+      TUTTI_THROW(kMismatch, "allreduce #", seq, ": ranks disagree");
+    return done;
+  }
+  std::string phase() const override { return phase_text; }
+  void fail(std::exception_ptr e) override {
+    if (!error) error = e;
+    ++fails;
+  }
+  // The failure's code and message (kInternal / "" if it did not fail).
+  std::pair<ErrorCode, std::string> failure() const {
+    if (!error) return {ErrorCode::kInternal, ""};
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      return {e.code(), e.message()};
+    }
+  }
+
+  uint64_t seq = 0;
+  std::atomic<bool> done{false};
+  bool throw_mismatch = false;
+  std::string phase_text = "waiting for the GPU";
+  std::exception_ptr error;
+  int fails = 0;
+  std::atomic<int> polls{0};
+};
+
+struct Harness {
+  Harness() {
+    Watchdog::Hooks h;
+    h.async_error = [this] { return async; };
+    h.abort = [this] { ++aborts; };
+    h.on_broken = [this](const Error& e) {
+      ++broken_calls;
+      broken_code = e.code();
+    };
+    dog.reset(new Watchdog("NCCL", "world-cuda0", h));
+  }
+  std::shared_ptr<FakeOp> add(uint64_t seq, double timeout, Clock::time_point t0) {
+    auto op = std::make_shared<FakeOp>();
+    op->seq = seq;
+    dog->add(op, seq, "allreduce #" + std::to_string(seq) + " 'grad'", timeout, t0);
+    return op;
+  }
+  std::string async;
+  int aborts = 0;
+  int broken_calls = 0;
+  ErrorCode broken_code = ErrorCode::kInternal;
+  std::unique_ptr<Watchdog> dog;
+};
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(Watchdog, CompletedOpsLeaveInAnyOrderAndNothingBreaks) {
+  Harness h;
+  const auto t0 = Clock::now();
+  auto a = h.add(1, 5, t0), b = h.add(2, 5, t0), c = h.add(3, 5, t0);
+  EXPECT_EQ(h.dog->poll(t0 + seconds(1)), 3u);
+  b->done = true;  // a later op finished first (its check completed)
+  EXPECT_EQ(h.dog->poll(t0 + seconds(2)), 2u);
+  a->done = c->done = true;
+  EXPECT_EQ(h.dog->poll(t0 + seconds(100)), 0u);  // done ops never time out
+  EXPECT_FALSE(h.dog->broken());
+  EXPECT_EQ(h.aborts, 0);
+  EXPECT_EQ(a->fails + b->fails + c->fails, 0);
+  EXPECT_NO_THROW(h.dog->throw_if_broken("barrier #4"));
+}
+
+TEST(Watchdog, TimeoutNamesTheExpiredOpAndItsSequenceAndAbortsOnce) {
+  Harness h;
+  const auto t0 = Clock::now();
+  auto first = h.add(7, 10, t0);
+  auto second = h.add(8, 2, t0 + seconds(1));  // shorter deadline: 3 s
+  first->phase_text = "agreeing on the operation";
+  EXPECT_EQ(h.dog->poll(t0 + milliseconds(2999)), 2u);
+  EXPECT_FALSE(h.dog->broken());
+  EXPECT_EQ(h.dog->poll(t0 + seconds(3)), 0u);
+  ASSERT_TRUE(h.dog->broken());
+  EXPECT_EQ(h.aborts, 1);
+  EXPECT_EQ(h.broken_calls, 1);
+  EXPECT_EQ(h.broken_code, ErrorCode::kTimeout);
+  // The op whose deadline passed carries the timeout ...
+  auto f2 = second->failure();
+  EXPECT_EQ(f2.first, ErrorCode::kTimeout);
+  EXPECT_TRUE(has(f2.second, "allreduce #8 'grad' did not complete within 2 s (TUTTI_TIMEOUT)"))
+      << f2.second;
+  EXPECT_TRUE(has(f2.second, "oldest operation still in flight is allreduce #7 'grad', "
+                             "agreeing on the operation")) << f2.second;
+  EXPECT_TRUE(has(f2.second, "NCCL communicator 'world-cuda0' was aborted")) << f2.second;
+  // ... every other op in flight is aborted naming the cause.
+  auto f1 = first->failure();
+  EXPECT_EQ(f1.first, ErrorCode::kAborted);
+  EXPECT_TRUE(has(f1.second, "allreduce #7 'grad': aborted because the NCCL communicator "
+                             "'world-cuda0' broke: allreduce #8")) << f1.second;
+  // Later polls and breaks change nothing.
+  EXPECT_EQ(h.dog->poll(t0 + seconds(60)), 0u);
+  h.dog->break_with(Error(ErrorCode::kCommFailure, "late"), nullptr);
+  EXPECT_EQ(h.aborts, 1);
+  EXPECT_EQ(h.broken_calls, 1);
+  EXPECT_EQ(first->fails, 1);
+  EXPECT_TRUE(has(h.dog->cause(), "allreduce #8")) << h.dog->cause();
+}
+
+TEST(Watchdog, LaterOpsFailAtOnceWithTheCause) {
+  Harness h;
+  const auto t0 = Clock::now();
+  h.add(1, 1, t0);
+  h.dog->poll(t0 + seconds(2));
+  ASSERT_TRUE(h.dog->broken());
+  try {
+    h.dog->throw_if_broken("broadcast #2 'w' float32[4] on group 'world-cuda0'");
+    ADD_FAILURE() << "expected kAborted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted);
+    EXPECT_TRUE(has(e.message(), "broadcast #2 'w' float32[4] on group 'world-cuda0': the NCCL "
+                                 "communicator 'world-cuda0' is unusable after an earlier "
+                                 "failure: allreduce #1 'grad' did not complete within 1 s"))
+        << e.message();
+  }
+  // An op registered after the break (a race with the engine) fails too.
+  auto late = h.add(3, 5, t0);
+  EXPECT_EQ(late->failure().first, ErrorCode::kAborted);
+  EXPECT_TRUE(has(late->failure().second, "allreduce #3 'grad': the NCCL communicator"));
+  EXPECT_EQ(h.dog->in_flight(), 0u);
+}
+
+TEST(Watchdog, NoDeadlineWhenTheTimeoutIsZero) {
+  Harness h;
+  const auto t0 = Clock::now();
+  auto op = h.add(1, 0, t0);
+  EXPECT_EQ(h.dog->poll(t0 + std::chrono::hours(1000)), 1u);
+  EXPECT_FALSE(h.dog->broken());
+  op->done = true;
+  EXPECT_EQ(h.dog->poll(), 0u);
+}
+
+TEST(Watchdog, AsyncErrorBreaksNamingTheOldestOpInFlight) {
+  Harness h;
+  const auto t0 = Clock::now();
+  auto a = h.add(4, 100, t0), b = h.add(5, 100, t0);
+  EXPECT_EQ(h.dog->poll(t0), 2u);
+  h.async = "remote process exited or there was a network error";
+  EXPECT_EQ(h.dog->poll(t0 + seconds(1)), 0u);
+  EXPECT_EQ(h.aborts, 1);
+  EXPECT_EQ(h.broken_code, ErrorCode::kCommFailure);
+  auto fa = a->failure();
+  EXPECT_EQ(fa.first, ErrorCode::kCommFailure);
+  EXPECT_TRUE(has(fa.second, "allreduce #4 'grad': NCCL communicator 'world-cuda0' reported an "
+                             "asynchronous error (remote process exited")) << fa.second;
+  EXPECT_EQ(b->failure().first, ErrorCode::kAborted);
+}
+
+TEST(Watchdog, AsyncErrorWithNothingInFlightStillBreaks) {
+  Harness h;
+  h.async = "unhandled system error";
+  EXPECT_EQ(h.dog->poll(), 0u);
+  EXPECT_TRUE(h.dog->broken());
+  EXPECT_TRUE(has(h.dog->cause(), "no operation in flight")) << h.dog->cause();
+}
+
+TEST(Watchdog, AnOpThatReportsAMismatchBreaksWithThatError) {
+  Harness h;
+  const auto t0 = Clock::now();
+  auto a = h.add(1, 100, t0), b = h.add(2, 100, t0);
+  a->done = true;
+  b->throw_mismatch = true;
+  EXPECT_EQ(h.dog->poll(t0), 0u);
+  EXPECT_TRUE(h.dog->broken());
+  EXPECT_EQ(h.aborts, 1);  // the mismatched NCCL op may hang: abort
+  auto fb = b->failure();
+  EXPECT_EQ(fb.first, ErrorCode::kMismatch);
+  EXPECT_TRUE(has(fb.second, "allreduce #2: ranks disagree")) << fb.second;
+  EXPECT_EQ(a->fails, 0);  // it had completed
+}
+
+TEST(Watchdog, ThreadPollsUntilTheDeadlineWithoutAnyWaiter) {
+  // The Work::wait() path: nobody synchronises, the thread still fires.
+  Harness h;
+  std::atomic<bool> setup_ran{false};
+  h.dog->start_thread(std::chrono::microseconds(200), [&] {
+    setup_ran = true;
+    return std::shared_ptr<void>();
+  });
+  auto done_op = h.add(1, 0.05, Clock::now());
+  done_op->done = true;
+  auto hung = h.add(2, 0.2, Clock::now());
+  const auto give_up = Clock::now() + seconds(20);
+  while (!h.dog->broken() && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  h.dog->stop_thread();
+  EXPECT_TRUE(setup_ran);
+  ASSERT_TRUE(h.dog->broken());
+  EXPECT_EQ(done_op->fails, 0);
+  EXPECT_EQ(hung->failure().first, ErrorCode::kTimeout);
+  EXPECT_TRUE(has(hung->failure().second, "allreduce #2 'grad' did not complete within 0.2 s"));
+}
+
+TEST(Watchdog, IdleThreadDoesNotPoll) {
+  Harness h;
+  h.dog->start_thread(std::chrono::microseconds(100));
+  auto op = h.add(1, 100, Clock::now());
+  op->done = true;
+  const auto give_up = Clock::now() + seconds(20);
+  while (h.dog->in_flight() && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(1));
+  const int polls = op->polls;
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(op->polls, polls);
+  h.dog->stop_thread();
+  h.dog->stop_thread();  // idempotent
+}
+
+}  // namespace
+}  // namespace comm
+}  // namespace tutti
