@@ -107,6 +107,15 @@ def main():
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    # Every run starts from none of the files a previous run wrote here (only
+    # those: --out may be a folder of the user's): the watcher below reads
+    # train.jsonl, and an old log would make it issue the spot notice at once.
+    for name in ("train.jsonl", "train-reference.jsonl", "final.json", "final-reference.json",
+                 "preempt.trigger", "aws-requests.jsonl", "loss.png"):
+        if os.path.exists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    for name in ("ckpt", "ckpt-reference"):
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
     mock, port, notice = start_mock(out)
     say(f"mock AWS instance metadata (IMDSv2) on 127.0.0.1:{port}")

@@ -7,8 +7,10 @@
 // matching .state file (written to a temp name and renamed, so readers never
 // see half of it); the others read that file instead of the network.  When
 // the poller dies its flock goes with it and the next rank to poll takes
-// over.  A state file older than the freshness bound (a leftover of an
-// earlier job, or a poller that stopped) is no notice.
+// over.  A state file written before this rank's source was made (a
+// leftover of an earlier job: tutti-run restarts within seconds, well
+// inside any freshness bound) or older than the freshness bound (a poller
+// that stopped) is no notice.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -33,6 +35,7 @@ class NodeSharedSource : public NoticeSource {
   NodeSharedSource(std::unique_ptr<NoticeSource> inner, const std::string& dir,
                    const std::string& url, int poll_ms)
       : inner_(std::move(inner)), fresh_s_(std::max(10.0, 5.0 * poll_ms / 1000.0)) {
+    ::clock_gettime(CLOCK_REALTIME, &born_);
     char key[160];
     std::snprintf(key, sizeof(key), "tutti-preempt-%u-%s-%016zx", static_cast<unsigned>(::getuid()),
                   inner_->name(), std::hash<std::string>()(url));
@@ -79,7 +82,7 @@ class NodeSharedSource : public NoticeSource {
     struct stat st;
     char buf[4096];
     ssize_t n = -1;
-    if (::fstat(fd, &st) == 0 &&
+    if (::fstat(fd, &st) == 0 && !written_before_born(st.st_mtim) &&
         std::difftime(std::time(nullptr), st.st_mtime) <= fresh_s_)
       n = ::read(fd, buf, sizeof(buf));
     ::close(fd);
@@ -94,8 +97,16 @@ class NodeSharedSource : public NoticeSource {
     return o;
   }
 
+  // A file time at or after born_ was written by a poller of this job (a
+  // coarse file clock may only make a fresh file look older: that delays
+  // it by one poll, never the other way round).
+  bool written_before_born(const timespec& t) const {
+    return t.tv_sec < born_.tv_sec || (t.tv_sec == born_.tv_sec && t.tv_nsec < born_.tv_nsec);
+  }
+
   std::unique_ptr<NoticeSource> inner_;
   double fresh_s_;
+  timespec born_{};
   std::string base_;
   int lock_fd_ = -1;
   bool leader_ = false;

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "preemption/notice_source.h"
 #include "tutti/preemption.h"
 
 namespace tutti {
@@ -227,6 +228,65 @@ TEST(PreemptionSources, OnePollerPerNodeIsSharedByItsRanks) {
   for (PreemptionMonitor* m : {&a, &b, &c})
     followers += contains(m->notice()->detail, "polled by another rank") ? 1 : 0;
   EXPECT_EQ(followers, 2);
+  const std::string rm = std::string("rm -rf ") + dir;
+  EXPECT_EQ(std::system(rm.c_str()), 0);
+}
+
+// The notice an earlier job's poller published must not stop the next job
+// (tutti-run restarts within a second or two, well inside the freshness
+// bound): a follower reads only what a poller published after it started.
+// The demo's restarted job was stopped again at step 3 by this.
+class FixedSource : public preempt::NoticeSource {
+ public:
+  explicit FixedSource(NoticeKind kind) : kind_(kind) {}
+  const char* name() const override { return "aws"; }
+  preempt::Observation poll() override {
+    preempt::Observation o;
+    o.kind = kind_;
+    o.detail = kind_ == NoticeKind::kNone ? "" : "terminate";
+    return o;
+  }
+
+ private:
+  NoticeKind kind_;
+};
+
+// A source whose poll waits until released (an endpoint answering slowly).
+class SlowSource : public preempt::NoticeSource {
+ public:
+  const char* name() const override { return "aws"; }
+  preempt::Observation poll() override {
+    entered = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return {};
+  }
+  std::atomic<bool> entered{false}, release{false};
+};
+
+TEST(PreemptionSources, AnEarlierJobsPublishedNoticeIsNotReadByTheNextJob) {
+  char dir[] = "/tmp/tutti-preempt-stale-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string url = "http://127.0.0.1:1/";
+  {
+    // The earlier job: its poller saw the notice and published it.
+    auto poller = preempt::make_node_shared(std::make_unique<FixedSource>(NoticeKind::kStop),
+                                            dir, url, 50);
+    ASSERT_EQ(poller->poll().kind, NoticeKind::kStop);
+  }  // that job exits: its flock goes, its state file stays
+  // The restarted job, where the notice is gone.  Its poller holds the
+  // flock and is still waiting for the endpoint's first answer when a
+  // follower reads: the leftover must not count as a notice.
+  auto slow = std::make_unique<SlowSource>();
+  SlowSource* inner = slow.get();
+  auto leader = preempt::make_node_shared(std::move(slow), dir, url, 50);
+  auto follower = preempt::make_node_shared(std::make_unique<FixedSource>(NoticeKind::kNone),
+                                            dir, url, 50);
+  std::thread first([&] { leader->poll(); });
+  while (!inner->entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(follower->poll().kind, NoticeKind::kNone) << "an earlier job's notice was read";
+  inner->release = true;
+  first.join();
+  EXPECT_EQ(follower->poll().kind, NoticeKind::kNone);
   const std::string rm = std::string("rm -rf ") + dir;
   EXPECT_EQ(std::system(rm.c_str()), 0);
 }
