@@ -388,7 +388,7 @@ void BucketCompressor::setup(const BucketLayout& layout) {
                     layout.numel, " elements (slots must be ordered and disjoint)");
     end = s.offset + s.shape.numel();
   }
-  ScopedDevice on_device(layout.device);
+  cuda::OptionalDeviceGuard on_device(layout.device);
   on_setup(layout);
   Bucket b;
   b.layout = layout;
@@ -430,7 +430,7 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
   }
   // Every launch below (and in run()) goes to the bucket's device, whatever
   // thread calls: the reducer's bucket worker starts on device 0.
-  ScopedDevice on_device(l.device);
+  cuda::OptionalDeviceGuard on_device(l.device);
   if (const DeviceArray* res = residual(id)) {
     TUTTI_ARG_CHECK(std::isfinite(ctx.grad_scale) && ctx.grad_scale > 0.0f,
                     name_, " compressor: bucket ", id, ": gradient scale ",

@@ -19,13 +19,9 @@
 #include <mutex>
 #include <string>
 
-#include "core/host_buffer.h"
-#include "core/scoped_device.h"
-#include "tutti/compression.h"
-
-#if TUTTI_WITH_CUDA
 #include "core/cuda_utils.h"
-#endif
+#include "core/host_buffer.h"
+#include "tutti/compression.h"
 
 namespace tutti {
 namespace compression {

@@ -310,7 +310,7 @@ double PowerSgdCompressor::measure_compute(int id, const Tensor& bucket,
                                            void* stream) {
   State& s = states_.at(id);
   const Device dev = bucket.device();
-  ScopedDevice on_device(dev);
+  cuda::OptionalDeviceGuard on_device(dev);
   std::vector<DeviceArray>& p = s.probe;
   p.clear();
   p.emplace_back(dev, bucket.nbytes());                       // grad

@@ -1,7 +1,7 @@
 #include "tensor_parallel/tp_comm.h"
 
 #include "core/check.h"
-#include "core/scoped_device.h"
+#include "core/cuda_utils.h"
 #include "tensor_parallel/mesh_impl.h"
 
 namespace tutti {
@@ -25,7 +25,7 @@ void allreduce(MeshImpl& mesh, const Tensor& t, ReduceOp op,
                const std::string& what, void* stream) {
   if (mesh.tp_size == 1) return;
   mesh.count(CollectiveKind::kAllreduce, t.nbytes());
-  ScopedDevice on_device(t.device());  // NCCL orders by events on `stream`
+  cuda::OptionalDeviceGuard on_device(t.device());  // NCCL orders by events on `stream`
   mesh.tp->allreduce(t, op, options(what, stream));
 }
 
@@ -38,7 +38,7 @@ void allgather_rows(MeshImpl& mesh, const Tensor& in, const Tensor& out,
               what, ": all-gather of ", in.str(), " into ", out.str());
   if (mesh.tp_size == 1) return copy_tensor(out, in, stream);
   mesh.count(CollectiveKind::kAllgather, out.nbytes());
-  ScopedDevice on_device(out.device());
+  cuda::OptionalDeviceGuard on_device(out.device());
   mesh.tp->allgather(in, out, options(what, stream));
 }
 
@@ -51,7 +51,7 @@ void reduce_scatter_rows(MeshImpl& mesh, const Tensor& in, const Tensor& out,
               what, ": reduce-scatter of ", in.str(), " into ", out.str());
   if (mesh.tp_size == 1) return copy_tensor(out, in, stream);
   mesh.count(CollectiveKind::kReduceScatter, in.nbytes());
-  ScopedDevice on_device(out.device());
+  cuda::OptionalDeviceGuard on_device(out.device());
   mesh.tp->reduce_scatter(in, out, ReduceOp::kSum, options(what, stream));
 }
 
@@ -69,7 +69,7 @@ void allgather_cols(MeshImpl& mesh, Workspace& ws, int slot, const Tensor& in,
   Tensor blocks = ws.get(slot, in.dtype(), Shape{p * rows, cols}, in.device());
   mesh.count(CollectiveKind::kAllgather, out.nbytes());
   {
-    ScopedDevice on_device(blocks.device());
+    cuda::OptionalDeviceGuard on_device(blocks.device());
     mesh.tp->allgather(in, blocks, options(what, stream));
   }
   const size_t es = in.element_size();
