@@ -168,19 +168,10 @@ void MpiCommunicator::close() {
 
 void MpiCommunicator::drain() { engine_.drain(); }
 
-void MpiCommunicator::refresh_settings() {
-  const uint64_t gen = config::generation();
-  std::lock_guard<std::mutex> lock(settings_mu_);
-  if (gen == settings_generation_) return;
-  timeout_s_ = config::get_double("TUTTI_TIMEOUT");
-  check_ops_ = config::get_bool("TUTTI_CHECK_COLLECTIVES");
-  settings_generation_ = gen;
-}
-
 WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
-  refresh_settings();
+  const comm::CommSettings::Values settings = settings_.get();
   const double timeout =
-      request.options.timeout_s > 0 ? request.options.timeout_s : timeout_s_;
+      request.options.timeout_s > 0 ? request.options.timeout_s : settings.timeout_s;
   if (request.kind == CollectiveKind::kSend ||
       request.kind == CollectiveKind::kRecv) {
     auto work = std::make_shared<P2PWork>(
@@ -228,7 +219,7 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   auto q = std::make_shared<Queued>();
   q->request = request;
   q->request.options.timeout_s = timeout;
-  q->check = check_ops_;
+  q->check = settings.check_ops;
   engine_.submit([self, q, work] { self->execute(q, *work); }, blocking);
   return work;
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/comm_settings.h"
 #include "comm/cpu_work.h"
 #include "comm/mpi/status_service.h"
 #include "comm/op_desc.h"
@@ -81,10 +82,6 @@ class MpiCommunicator : public Communicator,
     OpRequest request;
     bool check = true;
   };
-  // TUTTI_TIMEOUT and TUTTI_CHECK_COLLECTIVES, re-read only after
-  // config::reload() (the hot path must not parse the environment).
-  void refresh_settings();
-
   void execute(const std::shared_ptr<Queued>& q, comm::CpuWork& work);
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
@@ -107,10 +104,7 @@ class MpiCommunicator : public Communicator,
   std::atomic<bool> poisoned_{false};
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
-  std::mutex settings_mu_;
-  uint64_t settings_generation_ = 0;
-  double timeout_s_ = 300;
-  bool check_ops_ = true;
+  comm::CommSettings settings_;  // the hot path must not parse the environment
 };
 
 }  // namespace mpi

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/comm_settings.h"
 #include "comm/mpi/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_utils.h"
@@ -135,7 +136,6 @@ class NcclCommunicatorImpl {
         }
       });
     }
-    refresh_settings();
     const int d = device;
     watchdog.start_thread(kWatchInterval, [d] {
       return std::shared_ptr<void>(std::make_shared<cuda::DeviceGuard>(d));
@@ -186,15 +186,6 @@ class NcclCommunicatorImpl {
         rc, deadline);
   }
 
-  void refresh_settings() {
-    const uint64_t gen = config::generation();
-    std::lock_guard<std::mutex> lock(settings_mu);
-    if (gen == settings_generation) return;
-    timeout_s = config::get_double("TUTTI_TIMEOUT");
-    check_ops = config::get_bool("TUTTI_CHECK_COLLECTIVES");
-    settings_generation = gen;
-  }
-
   void close();
   void execute(const OpRequest& r, bool checked,
                const std::shared_ptr<CudaWork>& work);
@@ -221,10 +212,7 @@ class NcclCommunicatorImpl {
   uint64_t next_p2p_seq = 0;   // send/recv, numbered apart (two ranks only)
   std::atomic<bool> closed{false};
   std::mutex close_mu;
-  std::mutex settings_mu;
-  uint64_t settings_generation = 0;
-  double timeout_s = 300;
-  bool check_ops = true;
+  comm::CommSettings settings;  // the hot path must not parse the environment
 };
 
 void NcclCommunicatorImpl::close() {
@@ -245,7 +233,8 @@ void NcclCommunicatorImpl::close() {
   try {
     cuda::DeviceGuard g(device);
     if (c) {
-      const ncclResult_t rc = await(c, ncclCommFinalize(c), mpi::Deadline(timeout_s));
+      const ncclResult_t rc =
+          await(c, ncclCommFinalize(c), mpi::Deadline(settings.get().timeout_s));
       if (rc == ncclSuccess) {
         ncclCommDestroy(c);
       } else {
@@ -480,10 +469,11 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
     host->broadcast(t, 0, o);
   }
   cuda::DeviceGuard g(device);
+  const double timeout_s = impl->settings.get().timeout_s;
   ncclConfig_t config = nonblocking_config();
   ncclComm_t c = nullptr;
   ncclResult_t rc = ncclCommInitRankConfig(&c, impl->size, id, impl->rank, &config);
-  if (c) rc = await(c, rc, mpi::Deadline(impl->timeout_s));
+  if (c) rc = await(c, rc, mpi::Deadline(timeout_s));
   if (rc != ncclSuccess) {
     if (c) ncclCommAbort(c);
     if (rc != ncclInProgress)
@@ -495,7 +485,7 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
         detail::cat(detail::rank_prefix(), "NCCL communicator '", name,
                     "' (rank ", impl->rank, " of ", impl->size, " on cuda:",
                     device, "): ncclCommInitRankConfig did not complete within ",
-                    impl->timeout_s, " s (TUTTI_TIMEOUT): a rank did not join "
+                    timeout_s, " s (TUTTI_TIMEOUT): a rank did not join "
                     "(it failed, or took another path); the half-built "
                     "communicator was aborted"));
     comm::communicator_broke(err);
@@ -526,11 +516,11 @@ WorkPtr NcclCommunicator::submit(const OpRequest& request, bool blocking) {
   if (impl->closed)
     TUTTI_THROW(kAborted, collective_kind_name(request.kind),
                 " on NCCL communicator '", impl->name, "': it is closed");
-  impl->refresh_settings();
+  const comm::CommSettings::Values settings = impl->settings.get();
   auto q = std::make_shared<Queued>();
   q->request = request;
-  if (q->request.options.timeout_s <= 0) q->request.options.timeout_s = impl->timeout_s;
-  q->checked = impl->check_ops;
+  if (q->request.options.timeout_s <= 0) q->request.options.timeout_s = settings.timeout_s;
+  q->checked = settings.check_ops;
   cuda::DeviceGuard g(impl->device);
   auto work = std::make_shared<CudaWork>(
       impl_, impl->device, static_cast<cudaStream_t>(request.options.stream));
@@ -567,7 +557,8 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
               "ncclCommSplit (color ", color, ", key ", key, ") of '",
               parent->name, "' into '", name, "'");
           parent->watchdog.throw_if_broken(what);
-          const mpi::Deadline deadline(parent->timeout_s);
+          const double timeout_s = parent->settings.get().timeout_s;
+          const mpi::Deadline deadline(timeout_s);
           ncclConfig_t config = nonblocking_config();
           ncclComm_t out = nullptr;
           ncclResult_t rc;
@@ -588,7 +579,7 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
                     ? Error(ErrorCode::kTimeout,
                             detail::cat(detail::rank_prefix(), what,
                                         " did not complete within ",
-                                        parent->timeout_s,
+                                        timeout_s,
                                         " s (TUTTI_TIMEOUT): a rank did not "
                                         "take part"))
                     : Error(ErrorCode::kNccl,
