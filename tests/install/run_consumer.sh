@@ -15,8 +15,10 @@ cmake --install "$build_dir" --prefix "$work/first" > "$work/install.log" 2>&1
 step=move
 mv "$work/first" "$work/moved"
 step=configure-consumer
+# C++14 by default: the package itself must raise it to the C++17 its
+# headers need (target_compile_features on tutti::tutti).
 cmake -S "$src_dir/tests/install/consumer" -B "$work/build" -G Ninja \
-      -DCMAKE_PREFIX_PATH="$work/moved" > "$work/configure.log" 2>&1
+      -DCMAKE_CXX_STANDARD=14 -DCMAKE_PREFIX_PATH="$work/moved" > "$work/configure.log" 2>&1
 step=build-consumer
 cmake --build "$work/build" > "$work/build.log" 2>&1
 # The consumer must resolve libtutti from the moved prefix, not the build tree.
