@@ -15,7 +15,9 @@ namespace tutti {
 
 enum class LogLevel : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3, kTrace = 4 };
 
+// TUTTI_LOG_LEVEL, re-read after every config::reload().
 TUTTI_API LogLevel log_level();
+// Overrides TUTTI_LOG_LEVEL until the next config::reload().
 TUTTI_API void set_log_level(LogLevel level);
 TUTTI_API bool log_enabled(LogLevel level);
 // Sets the "r/n" prefix (done by tutti::init; -1 means unknown).

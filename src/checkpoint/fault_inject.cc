@@ -29,7 +29,7 @@ struct Spec {
 
 struct State {
   std::mutex mu;
-  bool loaded = false;
+  uint64_t generation = 0;  // config::generation() the specs were read at
   std::vector<Spec> specs;
 };
 
@@ -39,6 +39,9 @@ State& state() {
 }
 
 std::atomic<int> g_enabled{-1};  // -1 unknown, 0 off, 1 on
+// The config::generation() g_enabled describes: a config::reload() makes
+// the next fault_point() read TUTTI_FAULT_INJECT again.
+std::atomic<uint64_t> g_generation{0};
 
 int parse_int(const std::string& v, const std::string& spec) {
   char* end = nullptr;
@@ -104,8 +107,9 @@ void load_locked(State& st) {
     if (comma > pos) st.specs.push_back(parse_spec(v.substr(pos, comma - pos)));
     pos = comma + 1;
   }
-  st.loaded = true;
+  st.generation = config::generation();
   g_enabled.store(st.specs.empty() ? 0 : 1);
+  g_generation.store(st.generation);
 }
 
 }  // namespace
@@ -132,12 +136,14 @@ const std::vector<std::string>& known_points() {
 }
 
 void fault_point(const char* point) {
-  if (g_enabled.load(std::memory_order_relaxed) == 0) return;
+  if (g_enabled.load(std::memory_order_relaxed) == 0 &&
+      g_generation.load(std::memory_order_relaxed) == config::generation())
+    return;
   State& st = state();
   Action action;
   {
     std::lock_guard<std::mutex> lock(st.mu);
-    if (!st.loaded) load_locked(st);
+    if (st.generation != config::generation()) load_locked(st);
     if (st.specs.empty()) return;
     const int rank = runtime_world_rank();
     Spec* match = nullptr;
@@ -162,12 +168,7 @@ void fault_point(const char* point) {
   }
 }
 
-void reload() {
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  config::reload();
-  load_locked(st);
-}
+void reload() { config::reload(); }
 
 }  // namespace fault
 }  // namespace tutti

@@ -25,7 +25,8 @@ const std::vector<std::string>& known_points();
 // Runs the configured action if `point` matches; returns otherwise.
 void fault_point(const char* point);
 
-// Re-reads TUTTI_FAULT_INJECT (tests that change it in-process).
+// config::reload(): the next fault_point() re-reads TUTTI_FAULT_INJECT (any
+// config::reload() does; tests that change it in-process call this).
 void reload();
 
 }  // namespace fault

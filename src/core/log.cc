@@ -14,6 +14,9 @@ namespace tutti {
 namespace {
 
 std::atomic<int> g_level{-1};  // -1: not read from the environment yet
+// The config::generation() g_level was read (or set) at: config::reload()
+// re-reads TUTTI_LOG_LEVEL, replacing a set_log_level() override too.
+std::atomic<uint64_t> g_level_generation{0};
 std::atomic<int> g_rank{-1};
 std::atomic<int> g_size{-1};
 
@@ -34,14 +37,19 @@ LogLevel parse_level(const std::string& s) {
 
 LogLevel log_level() {
   int l = g_level.load(std::memory_order_relaxed);
-  if (l < 0) {
+  const uint64_t gen = config::generation();
+  if (l < 0 || g_level_generation.load(std::memory_order_relaxed) != gen) {
     l = static_cast<int>(parse_level(config::get_string("TUTTI_LOG_LEVEL")));
     g_level.store(l);
+    g_level_generation.store(gen);
   }
   return static_cast<LogLevel>(l);
 }
 
-void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
+void set_log_level(LogLevel level) {
+  g_level.store(static_cast<int>(level));
+  g_level_generation.store(config::generation());
+}
 
 bool log_enabled(LogLevel level) {
   return static_cast<int>(level) <= static_cast<int>(log_level());

@@ -39,6 +39,25 @@ TEST(Config, DefaultsAndParsing) {
   EXPECT_THROW(config::get_int("TUTTI_NO_SUCH_SETTING"), Error);
 }
 
+// TUTTI_LOG_LEVEL follows config::reload() like every other setting; a
+// set_log_level() override lasts until the next reload.
+TEST(Config, ReloadRereadsLogLevel) {
+  setenv("TUTTI_LOG_LEVEL", "debug", 1);
+  config::reload();
+  EXPECT_EQ(log_level(), LogLevel::kDebug);
+  setenv("TUTTI_LOG_LEVEL", "error", 1);
+  EXPECT_EQ(log_level(), LogLevel::kDebug) << "cached until reload";
+  config::reload();
+  EXPECT_EQ(log_level(), LogLevel::kError);
+  set_log_level(LogLevel::kTrace);
+  EXPECT_EQ(log_level(), LogLevel::kTrace);
+  config::reload();
+  EXPECT_EQ(log_level(), LogLevel::kError) << "reload replaces the override";
+  unsetenv("TUTTI_LOG_LEVEL");
+  config::reload();
+  EXPECT_EQ(log_level(), LogLevel::kWarn);
+}
+
 // docs/settings.md must document every setting with its default.
 TEST(Config, EverySettingIsDocumented) {
   std::ifstream in(std::string(TUTTI_SOURCE_DIR) + "/docs/settings.md");
