@@ -54,6 +54,30 @@ def check_stopped(job, d, t_notice, rc):
         fail(f"{CASE}: a fresh run did not resume from step {step}:\n{again.output()[-2000:]}")
 
 
+def wait_until(cond, timeout):
+    """Polls cond() until it is true (True) or timeout seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def committed_step(d):
+    """The step `latest` names, -1 before the first commit."""
+    try:
+        return int(open(os.path.join(d, "latest")).read().strip().split("-")[1].split(".")[0])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def polled(server):
+    """The source sent the mock endpoint a metadata GET (not only a token
+    PUT); its answer (404: no notice yet, or azure's foreign event) is read."""
+    return any(r["method"] == "GET" for r in server.requests())
+
+
 def run_case(tmp):
     d = os.path.join(tmp, "ckpt")
     env = {"TUTTI_PREEMPT_POLL_MS": "50", "TUTTI_HTTP_TIMEOUT_MS": "1000"}
@@ -84,7 +108,16 @@ def run_case(tmp):
             if not job.wait_for(r"^(FRESH|RESUMED)", 60):
                 fail(f"{CASE}: the job did not start:\n{job.output()[-3000:]}")
                 return
-            time.sleep(1.5)  # some steps (and, for azure, the foreign event)
+            # Events, not sleeps: some steps ran (a checkpoint is committed)
+            # and each cloud source has polled its endpoint (for azure: seen
+            # the foreign event it must ignore) before the notice.
+            if not wait_until(lambda: os.path.exists(os.path.join(d, "latest")), 60):
+                fail(f"{CASE}: no checkpoint committed before the notice:\n"
+                     f"{job.output()[-3000:]}")
+                return
+            if server and not wait_until(lambda: polled(server), 60):
+                fail(f"{CASE}: the {CASE.split('-')[0]} source never polled its endpoint")
+                return
             if job.proc.poll() is not None:
                 fail(f"{CASE}: the job ended before the notice:\n{job.output()[-3000:]}")
                 return
@@ -98,13 +131,18 @@ def run_case(tmp):
             else:
                 server.notice()
             if CASE == "aws-rebalance-continues":
-                time.sleep(1.5)
-                if job.proc.poll() is not None:
+                if not job.wait_for(r"notice \(rebalance\) from aws", 60):
+                    fail(f"{CASE}: the rebalance recommendation was not logged:\n"
+                         f"{job.output()[-3000:]}")
+                    return
+                # Still training after it: a later checkpoint gets committed.
+                seen = committed_step(d)
+                if not wait_until(lambda: committed_step(d) > seen or
+                                  job.proc.poll() is not None, 60) or \
+                        job.proc.poll() is not None:
                     fail(f"{CASE}: a rebalance recommendation stopped the job:\n"
                          f"{job.output()[-3000:]}")
                     return
-                if not job.wait_for(r"notice \(rebalance\) from aws", 1):
-                    fail(f"{CASE}: the rebalance recommendation was not logged")
                 t_notice = time.monotonic()
                 job.proc.send_signal(signal.SIGUSR1)
             rc = job.wait(60)

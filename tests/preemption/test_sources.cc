@@ -209,25 +209,27 @@ TEST(PreemptionSources, OnePollerPerNodeIsSharedByItsRanks) {
     if (notice) return {200, R"({"Events": [{"EventType": "Preempt", "Resources": ["vm-under-test"]}]})"};
     return {200, R"({"DocumentIncarnation": 1, "Events": []})"};
   });
-  PreemptionOptions o;
-  o.sources = "azure";
-  o.poll_ms = 50;
-  o.azure_url = server.url();
-  o.share_dir = dir;
-  PreemptionMonitor a(o), b(o), c(o);
-  const auto t0 = Clock::now();
-  ASSERT_TRUE(eventually([&] { return events.load() >= 20; }, 30));
-  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
-  // One poller needs 19 poll intervals (0.95 s) for 20 requests; three
-  // independent ones would need about a third of that.
-  EXPECT_GE(took, 0.8) << "more than one rank polled the endpoint";
-  notice = true;
-  for (PreemptionMonitor* m : {&a, &b, &c})
-    EXPECT_TRUE(eventually([&] { return m->local() == NoticeKind::kStop; }, 20));
-  int followers = 0;
-  for (PreemptionMonitor* m : {&a, &b, &c})
-    followers += contains(m->notice()->detail, "polled by another rank") ? 1 : 0;
-  EXPECT_EQ(followers, 2);
+  {  // the monitors stop (and stop writing into dir) before it is removed
+    PreemptionOptions o;
+    o.sources = "azure";
+    o.poll_ms = 50;
+    o.azure_url = server.url();
+    o.share_dir = dir;
+    PreemptionMonitor a(o), b(o), c(o);
+    const auto t0 = Clock::now();
+    ASSERT_TRUE(eventually([&] { return events.load() >= 20; }, 30));
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    // One poller needs 19 poll intervals (0.95 s) for 20 requests; three
+    // independent ones would need about a third of that.
+    EXPECT_GE(took, 0.8) << "more than one rank polled the endpoint";
+    notice = true;
+    for (PreemptionMonitor* m : {&a, &b, &c})
+      EXPECT_TRUE(eventually([&] { return m->local() == NoticeKind::kStop; }, 20));
+    int followers = 0;
+    for (PreemptionMonitor* m : {&a, &b, &c})
+      followers += contains(m->notice()->detail, "polled by another rank") ? 1 : 0;
+    EXPECT_EQ(followers, 2);
+  }
   const std::string rm = std::string("rm -rf ") + dir;
   EXPECT_EQ(std::system(rm.c_str()), 0);
 }
