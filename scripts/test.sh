@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is missing, builds
-# tutti (C++, CUDA paths compiled when nvcc exists), installs the Python
-# package into .venv, and runs every test (ctest drives the C++ tests, the
-# multi-rank mpiexec tests, the script-driven fault tests and pytest).
+# tutti once (C++, CUDA paths compiled when nvcc exists, the Python
+# extension into the build tree), and runs every test (ctest drives the C++
+# tests, the multi-rank mpiexec tests, the script-driven fault tests and
+# pytest).
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L comm         # extra arguments go to ctest
@@ -21,12 +22,10 @@ scripts/install_deps.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="${TUTTI_CUDA_ARCHITECTURES:-90}" \
   -DTUTTI_BUILD_TESTS=ON -DTUTTI_BUILD_BENCH=ON -DTUTTI_BUILD_EXAMPLES=ON \
-  -DTUTTI_PYTHON="$ROOT/.venv/bin/python"
+  -DTUTTI_PYTHON="$ROOT/.venv/bin/python" -DTUTTI_BUILD_PYTHON=ON
+# One compile: the extension is built in this tree (python_pkg/) and the
+# Python tests and examples import it from there.  `pip install .` (which
+# compiles the library again in scikit-build-core's own tree) is checked by
+# scripts/check_pip_install.sh instead (docs/contributing.md).
 cmake --build "$BUILD" -j "$JOBS"
-if [ -f pyproject.toml ]; then
-  # The Python package, built by scikit-build-core from this same CMake
-  # project (the tests import it from the venv).
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
-    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${TUTTI_CUDA_ARCHITECTURES:-90}" .
-fi
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" "$@"
