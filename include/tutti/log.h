@@ -20,8 +20,6 @@ TUTTI_API LogLevel log_level();
 // Overrides TUTTI_LOG_LEVEL until the next config::reload().
 TUTTI_API void set_log_level(LogLevel level);
 TUTTI_API bool log_enabled(LogLevel level);
-// Sets the "r/n" prefix (done by tutti::init; -1 means unknown).
-TUTTI_API void set_log_rank(int rank, int size);
 TUTTI_API void log_message(LogLevel level, const std::string& message);
 
 class TUTTI_API LogLine {

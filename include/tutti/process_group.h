@@ -78,8 +78,6 @@ class TUTTI_API ProcessGroup : public Communicator {
   // Waits for every operation submitted so far on every backend.
   void synchronize();
 
-  ProcessGroupImpl* impl() { return impl_.get(); }
-
  private:
   std::unique_ptr<ProcessGroupImpl> impl_;
 };

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "core/runtime_state.h"
 #include "tutti/config.h"
 
 namespace tutti {
@@ -17,8 +18,6 @@ std::atomic<int> g_level{-1};  // -1: not read from the environment yet
 // The config::generation() g_level was read (or set) at: config::reload()
 // re-reads TUTTI_LOG_LEVEL, replacing a set_log_level() override too.
 std::atomic<uint64_t> g_level_generation{0};
-std::atomic<int> g_rank{-1};
-std::atomic<int> g_size{-1};
 
 LogLevel parse_level(const std::string& s) {
   if (s == "error") return LogLevel::kError;
@@ -55,11 +54,6 @@ bool log_enabled(LogLevel level) {
   return static_cast<int>(level) <= static_cast<int>(log_level());
 }
 
-void set_log_rank(int rank, int size) {
-  g_rank.store(rank);
-  g_size.store(size);
-}
-
 void log_message(LogLevel level, const std::string& message) {
   static const char kLetters[] = {'E', 'W', 'I', 'D', 'T'};
   const auto now = std::chrono::system_clock::now();
@@ -70,7 +64,8 @@ void log_message(LogLevel level, const std::string& message) {
   std::tm tm{};
   localtime_r(&secs, &tm);
   char prefix[96];
-  const int r = g_rank.load(), n = g_size.load();
+  // The world rank and size tutti::init() recorded (core/runtime_state).
+  const int r = runtime_world_rank(), n = runtime_world_size();
   if (r >= 0)
     std::snprintf(prefix, sizeof(prefix), "[tutti %d/%d %c %02d:%02d:%02d.%03d] ",
                   r, n, kLetters[static_cast<int>(level)], tm.tm_hour,

@@ -2,8 +2,6 @@
 
 #include <atomic>
 
-#include "tutti/log.h"
-
 namespace tutti {
 namespace {
 std::atomic<int> g_rank{-1};
@@ -15,7 +13,6 @@ int runtime_world_size() { return g_size.load(std::memory_order_relaxed); }
 void set_runtime_world(int rank, int size) {
   g_rank.store(rank);
   g_size.store(size);
-  set_log_rank(rank, size);
 }
 
 }  // namespace tutti

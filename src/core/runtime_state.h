@@ -1,5 +1,6 @@
 // Process-wide facts other layers need without depending on comm/: the world
-// rank and size once tutti::init() has run.
+// rank and size once tutti::init() has run (the one copy: log line prefixes,
+// error messages and fault injection read it here).
 #pragma once
 
 namespace tutti {
