@@ -88,11 +88,13 @@ class Runner:
         self.libc = _libc()
         self.journal = Journal(opts.get("elastic_dir") if opts.get("elastic") else None, log)
         self.local = H.local_names()
-        self.agent = H.rsh_agent(mpi_args)
+        self.agent = (H.probe_command(opts["probe_command"], mpi_args, log)
+                      if opts["elastic"] else None)
         self.np = None            # size of the running job (elastic mode)
         self.hosts = []           # its hosts [(host, slots)]
         self.resize_requested = False
         self.last_grow = -1e18
+        self.job_started = -1e18
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
         self.usr1_sent = -1e18
@@ -256,7 +258,7 @@ class Runner:
         hi = self.opts["max_np"]
         if self.resize_requested or self.np >= hi:
             return
-        if time.monotonic() - self.last_grow < self.opts["grow_interval"]:
+        if time.monotonic() - max(self.last_grow, self.job_started) < self.opts["grow_interval"]:
             return
         hosts = self.usable_hosts(known={h for h, _ in self.hosts})
         new_np = min(hi, sum(s for _, s in hosts))
@@ -336,6 +338,7 @@ class Runner:
             self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
             self.usr1_wanted = self.notice is not None
             self.usr1_sent = -1e18
+            self.job_started = time.monotonic()
             try:
                 self.spawn(cmd)
             except OSError as e:
