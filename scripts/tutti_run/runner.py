@@ -155,7 +155,7 @@ class Runner:
     def spawn(self, cmd):
         """Starts mpirun with the notice signals blocked, so one arriving
         during the fork/exec stays pending and is forwarded once self.proc
-        is set.  The child unblocks them and asks the kernel for SIGTERM when
+        is set; False (nothing started) when a notice came before.  The child unblocks them and asks the kernel for SIGTERM when
         tutti-run dies (even by SIGKILL): mpirun answers it by ending the
         ranks."""
         parent = os.getpid()
@@ -173,7 +173,10 @@ class Runner:
 
         signal.pthread_sigmask(signal.SIG_BLOCK, NOTICE_SIGNALS)
         try:
+            if self.notice is not None:  # came after the loop's check: start nothing
+                return False
             self.proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=child)
+            return True
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, NOTICE_SIGNALS)  # pending ones run now
 
@@ -342,21 +345,20 @@ class Runner:
                     if self.notice is not None:
                         continue
                     return status if attempt > 0 else 1
-            if self.notice is not None:
-                continue  # arrived during discovery: nothing started yet
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
             cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
             log(("starting" if attempt == 0 else f"restart {attempt}:") + " " + " ".join(cmd))
             step_before = committed_step(self.opts["ckpt_dir"])
-            self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
-            self.usr1_wanted = self.notice is not None
+            self.usr1_wanted = False
             self.usr1_sent = -1e18
             self.job_started = time.monotonic()
             try:
-                self.spawn(cmd)
+                if not self.spawn(cmd):
+                    continue
             except OSError as e:
                 log(f"cannot start {self.opts['mpirun']}: {e}")
                 return 127
+            self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
             status = status_of(self.wait())
             left = kill_session(self.proc.pid)
             if left:
