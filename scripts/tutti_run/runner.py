@@ -97,6 +97,7 @@ class Runner:
         self.last_grow = -1e18
         self.job_started = -1e18
         self.logged_leaving = set()
+        self.waited_s = 0.0       # before the current job, for --min-np slots
         self.unreachable = {}     # host -> when a running job may probe it again
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
@@ -246,24 +247,24 @@ class Runner:
         """Usable hosts with at least --min-np slots, or None after
         --wait-timeout (or a notice)."""
         lo, timeout = self.opts["min_np"], self.opts["wait_timeout"]
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = t0 + timeout
         waited = False
         while self.notice is None:
             hosts = self.usable_hosts()
             slots = sum(s for _, s in hosts)
             if slots >= lo:
+                self.waited_s = time.monotonic() - t0 if waited else 0.0
                 if waited:
-                    log(f"{slots} usable slots: starting")
+                    log(f"{slots} usable slots after {self.waited_s:.1f} s: starting")
                 return hosts
             if not waited:
                 log(f"{slots} usable slot(s) ({H.format_hosts(hosts) or 'no hosts'}), fewer than "
                     f"--min-np {lo}: waiting up to {timeout:g} s for capacity")
-                self.journal.note("wait", slots=slots, min_np=lo)
                 waited = True
             if time.monotonic() >= deadline:
                 log(f"gave up: {slots} usable slot(s) after waiting {timeout:g} s for --min-np "
                     f"{lo} (discovery: {self.opts['discovery_script'] or self.opts['hostfile']})")
-                self.journal.note("gave-up", slots=slots, min_np=lo)
                 return None
             end = min(deadline, time.monotonic() + self.opts["discovery_interval"])
             while self.notice is None and time.monotonic() < end:
@@ -358,7 +359,8 @@ class Runner:
             except OSError as e:
                 log(f"cannot start {self.opts['mpirun']}: {e}")
                 return 127
-            self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
+            self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason,
+                               self.waited_s)
             status = status_of(self.wait())
             left = kill_session(self.proc.pid)
             if left:
