@@ -325,7 +325,9 @@ class Runner:
         if is_open_mpi(self.opts["mpirun"]):
             names = sorted(set([k for k in os.environ if k.startswith("TUTTI_")] +
                                ["TUTTI_RESTART_COUNT"]))
-            names = [k for k in names if not k.startswith("TUTTI_RUN_TEST_")]
+            # Per node, never one value for all: TUTTI_ELASTIC_HOST.
+            names = [k for k in names if not k.startswith("TUTTI_RUN_TEST_") and
+                     k != "TUTTI_ELASTIC_HOST"]
             for k in names:
                 export += ["-x", k]
         attempt = 0

@@ -165,7 +165,8 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_ELASTIC_HOST", "string", "",
      "The name this node has in tutti-run's host discovery, written in the "
      "leaving record; empty: gethostname() (the record also lists the node's "
-     "addresses, which tutti-run matches against discovered addresses)."},
+     "addresses, which tutti-run matches against discovered addresses). Set "
+     "it in each node's own environment: tutti-run does not export it."},
 };
 
 struct Cache {
