@@ -4,6 +4,10 @@ and draws the loss curve with the interruption marked.
 
     scripts/demo_report.py demo-out/train.jsonl [--reference demo-out/train-ref.jsonl]
                            [--png demo-out/loss.png]
+    scripts/demo_report.py --samples samples.jsonl [--steps N] [--global-batch G]
+
+--samples checks a dp_train --samples-log: in the job's final timeline no
+sample was repeated or skipped (exit 1 if one was).
 """
 import argparse
 import json
@@ -20,6 +24,64 @@ def load(path):
             rec = json.loads(line)
             (events if "event" in rec else steps).append(rec)
     return steps, events
+
+
+def check_samples(path, steps=None, global_batch=None):
+    """Reads a dp_train --samples-log (one line per step and rank) and checks
+    that the final timeline consumed samples 0, 1, 2, ... each exactly once.
+
+    A restart from a checkpoint redoes the steps after it: for each step
+    only the records of the job start that logged it last count (the file
+    is appended in time order); the superseded ones are recomputed samples.
+    Returns {"ok", "errors", "steps", "samples", "recomputed", "schedule"},
+    schedule = [(first step, world size), ...] at each change of size."""
+    per_step, recomputed = {}, 0
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            r = json.loads(line)
+            cur = per_step.get(r["step"])
+            if cur is None or cur[0] != r["start"]:
+                if cur is not None:
+                    recomputed += sum(x["count"] for x in cur[1])
+                per_step[r["step"]] = cur = (r["start"], [])
+            cur[1].append(r)
+    errors = []
+    last = max(per_step) if per_step else 0
+    if steps is not None and last != steps:
+        errors.append(f"the log ends at step {last}, expected {steps}")
+    missing = [s for s in range(1, last + 1) if s not in per_step]
+    if missing:
+        errors.append(f"steps never logged: {missing[:10]}")
+    position, schedule = 0, []
+    for s in range(1, last + 1):
+        if s not in per_step:
+            continue
+        recs = sorted(per_step[s][1], key=lambda x: x["rank"])
+        world = recs[0]["world"]
+        if not schedule or schedule[-1][1] != world:
+            schedule.append((s, world))
+        ranks = [x["rank"] for x in recs]
+        if ranks != list(range(world)) or any(x["world"] != world for x in recs):
+            errors.append(f"step {s}: ranks {ranks} logged, expected 0..{world - 1} once each")
+            continue
+        counts = {x["count"] for x in recs}
+        if len(counts) != 1:
+            errors.append(f"step {s}: unequal per-rank batches {sorted(counts)}")
+        total = sum(x["count"] for x in recs)
+        if global_batch is not None and total != global_batch:
+            errors.append(f"step {s}: {total} samples at {world} ranks, expected the global batch "
+                          f"{global_batch}")
+        for x in recs:
+            if x["first"] != position:
+                what = "repeats" if x["first"] < position else "skips"
+                errors.append(f"step {s} rank {x['rank']}/{world}: starts at sample {x['first']}, "
+                              f"expected {position} (it {what} {abs(x['first'] - position)})")
+            position = x["first"] + x["count"]
+    return {"ok": not errors, "errors": errors, "steps": last, "samples": position,
+            "recomputed": recomputed, "schedule": schedule}
 
 
 def summarise(steps, events):
@@ -135,10 +197,25 @@ def plot(steps, events, ref_steps, png):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("log")
+    ap.add_argument("log", nargs="?")
     ap.add_argument("--reference")
     ap.add_argument("--png")
+    ap.add_argument("--samples", help="a dp_train --samples-log to check")
+    ap.add_argument("--steps", type=int, help="with --samples: the steps the job ran")
+    ap.add_argument("--global-batch", type=int, help="with --samples: every step's samples")
     args = ap.parse_args()
+    if args.samples:
+        c = check_samples(args.samples, args.steps, args.global_batch)
+        sched = ", ".join(f"{w} ranks from step {s}" for s, w in c["schedule"])
+        print(f"samples: {c['samples']} in {c['steps']} steps ({sched}); {c['recomputed']} "
+              f"recomputed after restarts; " + ("none repeated or skipped" if c["ok"] else
+                                                 "PROBLEMS:\n  " + "\n  ".join(c["errors"][:20])))
+        if not c["ok"]:
+            sys.exit(1)
+        if not args.log:
+            return
+    if not args.log:
+        ap.error("give a log, --samples, or both")
     steps, events = load(args.log)
     if not steps:
         sys.exit("demo_report: no steps in " + args.log)
