@@ -133,6 +133,66 @@ def summarise(steps, events):
     return out
 
 
+def goodput(launches_path, steps, events, progress):
+    """Where the elastic job's wall time went.  launches.jsonl (tutti-run)
+    gives the wall time and the sizes; the job's counters (dp_train's
+    --final "progress", carried through every restart in the checkpoint
+    metadata) give the productive time (the committed timeline's steps), the
+    time saves blocked training, and the time lost to restarts; the job's
+    log gives the recomputed steps (done after a checkpoint, then redone)."""
+    launches = [json.loads(x) for x in open(launches_path) if x.strip()]
+    starts = [x for x in launches if x["event"] == "start"]
+    ends = [x for x in launches if x["event"] == "end"]
+    wall = ends[-1]["time"] - starts[0]["time"] if starts and ends else 0.0
+    resumes = [e for e in events if e["event"] == "resume"]
+    recomputed, recompute_s = 0, 0.0
+    for r in resumes:
+        # Steps an earlier run finished after the step this run resumed from.
+        redone = [s for s in steps if s["run"] < r["run"] and s["step"] > r["step"]]
+        recomputed += len({s["step"] for s in redone})
+        for run in {s["run"] for s in redone}:
+            rs = [s for s in steps if s["run"] == run]
+            if len(rs) > 1:
+                per = (rs[-1]["t"] - rs[0]["t"]) / (len(rs) - 1)
+                recompute_s += per * sum(1 for s in redone if s["run"] == run)
+    out = {"wall": wall, "train": progress["train_s"], "ckpt": progress["ckpt_s"],
+           "lost": progress["lost_s"], "recomputed": recomputed, "recompute_s": recompute_s,
+           "sizes": [(x["np"], x["reason"]) for x in starts],
+           "resume_steps": [r["step"] for r in resumes],
+           "relaunch_gaps": [b["time"] - a["time"] for a, b in zip(ends, starts[1:])]}
+    out["other"] = max(0.0, wall - out["train"] - out["ckpt"] - out["lost"])
+    out["goodput"] = out["train"] / wall if wall > 0 else 0.0
+    return out
+
+
+def goodput_table(g, progress, samples=None):
+    pct = (lambda x: f"{100 * x / g['wall']:.1f}%") if g["wall"] > 0 else (lambda x: "-")
+    sizes = " -> ".join(f"{n} ({why})" for n, why in g["sizes"])
+    rows = [
+        ("ranks per start (reason)", sizes),
+        ("resumed from steps", ", ".join(map(str, g["resume_steps"])) or "-"),
+        ("wall time (launches.jsonl)", f"{g['wall']:.1f} s"),
+        ("productive: committed steps", f"{g['train']:.1f} s = goodput {pct(g['train'])}"),
+        ("lost: checkpoint saves", f"{g['ckpt']:.2f} s ({pct(g['ckpt'])})"),
+        ("lost: restarts", f"{g['lost']:.1f} s ({pct(g['lost'])}), of which"),
+        ("  - recomputed steps", f"{g['recomputed']} steps, about {g['recompute_s']:.1f} s"),
+        ("  - save, exit, relaunch, start, load", f"{max(0.0, g['lost'] - g['recompute_s']):.1f} s"
+                                                   f" (launcher gaps "
+                                                   f"{', '.join(f'{x:.1f}' for x in g['relaunch_gaps'])} s)"),
+        ("other: first start-up, shutdown", f"{g['other']:.1f} s ({pct(g['other'])})"),
+        ("counters that survived restarts", ""),
+        ("  - samples trained on", f"{progress['position']}" + (
+            "" if samples is None else " (none repeated or skipped)" if samples["ok"]
+            else " (REPEATED OR SKIPPED)")),
+        ("  - gradient bytes sent, all ranks", f"{progress['bytes_sent'] / 1e6:.1f} MB"),
+        ("  - job starts, resizes", f"{progress['runs']}, {progress['resizes']}"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    v = max(len(x) for _, x in rows)
+    line = "+" + "-" * (w + 2) + "+" + "-" * (v + 2) + "+"
+    return "\n".join([line] + [f"| {k:<{w}} | {x:<{v}} |" for k, x in rows] + [line])
+
+
 def table(s, ref=None):
     rows = [
         ("throughput", f"{s['throughput']:.0f} samples/s"),
@@ -174,12 +234,16 @@ def plot(steps, events, ref_steps, png):
     for r in sorted({s["run"] for s in steps}):
         rs = [s for s in steps if s["run"] == r]
         ax.plot([s["step"] for s in rs], [s["loss"] for s in rs], color=colors[r % 4], lw=1.2,
-                label="run %d%s" % (r, " (resumed from checkpoint)" if r else ""), zorder=2)
-    for n in [e for e in events if e["event"] == "notice"]:
+                label="run %d%s%s" % (r, f", {rs[0]['world']} ranks" if "world" in rs[0] else "",
+                                      " (resumed from checkpoint)" if r else ""), zorder=2)
+    for i, n in enumerate([e for e in events if e["event"] == "notice"]):
         ax.axvline(n["step"], color="red", ls="--", lw=1)
-        ax.annotate(f"spot interruption ({n.get('source', '?')} notice)\ncheckpoint at step {n['step']}, restart",
-                    xy=(n["step"], ax.get_ylim()[1] * 0.9), xytext=(8, 0), textcoords="offset points",
-                    color="red", fontsize=9, va="top")
+        what = (f"a host joined: checkpoint at\nstep {n['step']}, restart larger"
+                if n.get("reason") == "resize" else
+                f"spot interruption ({n.get('source', '?')} notice)\ncheckpoint at step {n['step']}, restart")
+        # Alternate heights (axes fraction) so that neighbouring notes do not overlap.
+        ax.annotate(what, xy=(n["step"], 0.97 - 0.14 * (i % 2)), xycoords=("data", "axes fraction"),
+                    xytext=(6, 0), textcoords="offset points", color="red", fontsize=9, va="top")
     skipped = [s for s in steps if s["skipped"]]
     if skipped:
         ax.scatter([s["step"] for s in skipped], [s["loss"] for s in skipped], marker="x",
@@ -187,8 +251,10 @@ def plot(steps, events, ref_steps, png):
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")
-    ax.set_title("tutti: data-parallel training through a spot interruption")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("tutti: data-parallel training through " +
+                 ("a shrink and a grow" if any(e.get("reason") == "resize" for e in events)
+                  else "a spot interruption"))
+    ax.legend(loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png)
@@ -203,9 +269,12 @@ def main():
     ap.add_argument("--samples", help="a dp_train --samples-log to check")
     ap.add_argument("--steps", type=int, help="with --samples: the steps the job ran")
     ap.add_argument("--global-batch", type=int, help="with --samples: every step's samples")
+    ap.add_argument("--launches", help="tutti-run's launches.jsonl: the goodput summary")
+    ap.add_argument("--final", help="with --launches: dp_train's --final file (its counters)")
     args = ap.parse_args()
+    check = None
     if args.samples:
-        c = check_samples(args.samples, args.steps, args.global_batch)
+        c = check = check_samples(args.samples, args.steps, args.global_batch)
         sched = ", ".join(f"{w} ranks from step {s}" for s, w in c["schedule"])
         print(f"samples: {c['samples']} in {c['steps']} steps ({sched}); {c['recomputed']} "
               f"recomputed after restarts; " + ("none repeated or skipped" if c["ok"] else
@@ -225,6 +294,10 @@ def main():
         ref_steps, ref_events = load(args.reference)
         ref = summarise(ref_steps, ref_events)
     print(table(s, ref))
+    if args.launches:
+        progress = json.load(open(args.final))["progress"]
+        print("goodput (where the wall time went):")
+        print(goodput_table(goodput(args.launches, steps, events, progress), progress, check))
     if args.png and plot(steps, events, ref_steps, args.png):
         print(f"loss curve: {args.png}")
 
