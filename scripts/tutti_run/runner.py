@@ -16,6 +16,7 @@ PREEMPTED = 75
 COMM_FAILURE = 76  # tutti::kCommFailureExitCode (TUTTI_EXIT_ON_COMM_FAILURE)
 MAX_BACKOFF_S = 60.0
 PR_SET_PDEATHSIG = 1
+USR1_REPEAT_S = 2.0
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -41,6 +42,19 @@ def _libc():
         return ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
+
+
+def catches(pid, sig):
+    """Whether process pid has a handler for sig (/proc/PID/status SigCgt);
+    True when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
 
 
 def kill_session(sid):
@@ -74,12 +88,16 @@ class Runner:
         self.libc = _libc()
         self.journal = Journal(opts.get("elastic_dir") if opts.get("elastic") else None, log)
         self.local = H.local_names()
-        self.agent = H.rsh_agent(mpi_args)
+        self.agent = (H.probe_command(opts["probe_command"], mpi_args, log)
+                      if opts["elastic"] else None)
         self.np = None            # size of the running job (elastic mode)
         self.hosts = []           # its hosts [(host, slots)]
         self.resize_requested = False
         self.last_grow = -1e18
+        self.job_started = -1e18
         self.discovery_failed = False
+        self.usr1_wanted = False  # a stop or resize request to forward to mpirun
+        self.usr1_sent = -1e18
 
     # ---- signals -------------------------------------------------------------
 
@@ -96,12 +114,31 @@ class Runner:
             self.notice_time = time.monotonic()
         if self.proc and self.proc.poll() is None:
             log(f"{name}: asking the ranks to checkpoint and stop (SIGUSR1 to mpirun)")
-            try:
-                self.proc.send_signal(signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+            self.ask_to_stop()
         else:
             log(f"{name}: no job running; not starting another")
+
+    def ask_to_stop(self):
+        self.usr1_wanted = True
+        self.forward_usr1()
+
+    def forward_usr1(self):
+        """Sends SIGUSR1 to mpirun once it handles it, and again every
+        USR1_REPEAT_S while the job runs: mpirun dies of a SIGUSR1 that
+        arrives before it installed its handler, and forwards one only to
+        the ranks already running, so a notice that lands while the job
+        starts would otherwise be lost.  A rank takes a repeated notice as
+        the same notice."""
+        if not self.usr1_wanted or not self.proc or self.proc.poll() is not None:
+            return
+        now = time.monotonic()
+        if now - self.usr1_sent < USR1_REPEAT_S or not catches(self.proc.pid, signal.SIGUSR1):
+            return
+        self.usr1_sent = now
+        try:
+            self.proc.send_signal(signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
 
     def terminate(self):
         if self.terminated or not self.proc:
@@ -147,6 +184,7 @@ class Runner:
                 return self.proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 pass
+            self.forward_usr1()
             now = time.monotonic()
             if self.opts["elastic"] and self.notice is None and now >= next_discovery:
                 self.maybe_grow()
@@ -220,7 +258,7 @@ class Runner:
         hi = self.opts["max_np"]
         if self.resize_requested or self.np >= hi:
             return
-        if time.monotonic() - self.last_grow < self.opts["grow_interval"]:
+        if time.monotonic() - max(self.last_grow, self.job_started) < self.opts["grow_interval"]:
             return
         hosts = self.usable_hosts(known={h for h, _ in self.hosts})
         new_np = min(hi, sum(s for _, s in hosts))
@@ -239,10 +277,7 @@ class Runner:
             log(f"cannot write {path}: {e.strerror}")
         log(f"{new_np} slots available ({req['hosts']}), running {self.np}: asking the job to "
             f"save and exit (SIGUSR1 to mpirun) to restart larger")
-        try:
-            self.proc.send_signal(signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+        self.ask_to_stop()
 
     def elastic_args(self):
         """-np and -H for the next start, or None (too few slots)."""
@@ -294,11 +329,16 @@ class Runner:
                     if self.notice is not None:
                         continue
                     return status if attempt > 0 else 1
+            if self.notice is not None:
+                continue  # arrived during discovery: nothing started yet
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
             cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
             log(("starting" if attempt == 0 else f"restart {attempt}:") + " " + " ".join(cmd))
             step_before = committed_step(self.opts["ckpt_dir"])
             self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
+            self.usr1_wanted = self.notice is not None
+            self.usr1_sent = -1e18
+            self.job_started = time.monotonic()
             try:
                 self.spawn(cmd)
             except OSError as e:
