@@ -145,8 +145,11 @@ def run(args, out, env, start_mock, say):
                 "TUTTI_PREEMPT_FILE": os.path.join(out, "preempt.trigger")})
     cmd = [os.path.join(ROOT, "scripts/tutti-run"), "--min-np", str(args.np // 2),
            "--max-np", str(args.np), "--host-discovery-script", discover,
-           "--elastic-dir", elastic_dir, "--ckpt-dir", ckpt, "--discovery-interval", "1",
-           "--grow-interval", "5", "--leaving-ttl", "1", "--max-restarts", "2", "--",
+           "--elastic-dir", elastic_dir, "--ckpt-dir", ckpt,
+           # Short intervals: the grow must come within a few dozen steps
+           # of the fleet growing, however fast the steps are.
+           "--discovery-interval", "0.5", "--grow-interval", "1",
+           "--leaving-ttl", "1", "--max-restarts", "2", "--",
            "--oversubscribe", "--bind-to", "none"] + dp_train_args(args, out, ckpt, final) + \
           ["--log", log, "--samples-log", samples, "--step-sleep-ms", str(args.step_sleep_ms)]
     say(f"elastic run: tutti-run --min-np {args.np // 2} --max-np {args.np} "
