@@ -84,6 +84,24 @@ def check_samples(path, steps=None, global_batch=None):
             "recomputed": recomputed, "schedule": schedule}
 
 
+def recomputed(steps, events):
+    """(steps, seconds) done twice: each run's steps after the step the next
+    run resumed from (work after its last checkpoint), at that run's mean
+    step time.  A resume at the notice step recomputes nothing."""
+    resumes = sorted((e for e in events if e["event"] == "resume"), key=lambda e: e["run"])
+    count, seconds = 0, 0.0
+    for run in sorted({s["run"] for s in steps}):
+        nxt = [e for e in resumes if e["run"] > run]
+        if not nxt:
+            continue
+        rs = [s for s in steps if s["run"] == run]
+        redone = sum(1 for s in rs if s["step"] > nxt[0]["step"])
+        count += redone
+        if len(rs) > 1:
+            seconds += redone * (rs[-1]["t"] - rs[0]["t"]) / (len(rs) - 1)
+    return count, seconds
+
+
 def summarise(steps, events):
     """Figures for one (possibly interrupted) training job."""
     runs = sorted({s["run"] for s in steps})
@@ -127,7 +145,7 @@ def summarise(steps, events):
     out["lost_s"] = lost
     resumed = [e for e in events if e["event"] == "resume"]
     out["resumed_from"] = [e["step"] for e in resumed]
-    out["recomputed_steps"] = sum(max(0, n["step"] - r["step"]) for n, r in zip(notices, resumed))
+    out["recomputed_steps"] = recomputed(steps, events)[0]
     out["skipped"] = sum(1 for s in steps if s["skipped"])
     out["final_loss"] = steps[-1]["loss"] if steps else float("nan")
     return out
@@ -145,18 +163,9 @@ def goodput(launches_path, steps, events, progress):
     ends = [x for x in launches if x["event"] == "end"]
     wall = ends[-1]["time"] - starts[0]["time"] if starts and ends else 0.0
     resumes = [e for e in events if e["event"] == "resume"]
-    recomputed, recompute_s = 0, 0.0
-    for r in resumes:
-        # Steps an earlier run finished after the step this run resumed from.
-        redone = [s for s in steps if s["run"] < r["run"] and s["step"] > r["step"]]
-        recomputed += len({s["step"] for s in redone})
-        for run in {s["run"] for s in redone}:
-            rs = [s for s in steps if s["run"] == run]
-            if len(rs) > 1:
-                per = (rs[-1]["t"] - rs[0]["t"]) / (len(rs) - 1)
-                recompute_s += per * sum(1 for s in redone if s["run"] == run)
+    n_redone, redone_s = recomputed(steps, events)
     out = {"wall": wall, "train": progress["train_s"], "ckpt": progress["ckpt_s"],
-           "lost": progress["lost_s"], "recomputed": recomputed, "recompute_s": recompute_s,
+           "lost": progress["lost_s"], "recomputed": n_redone, "recompute_s": redone_s,
            "sizes": [(x["np"], x["reason"]) for x in starts],
            "resume_steps": [r["step"] for r in resumes],
            "relaunch_gaps": [b["time"] - a["time"] for a, b in zip(ends, starts[1:])]}
