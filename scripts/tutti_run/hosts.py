@@ -153,10 +153,12 @@ def record_matches(rec, host, local):
     return bool(addrs) and bool(_addresses(host) & addrs)
 
 
-def filter_leaving(hosts, elastic_dir, ttl, log, local):
+def filter_leaving(hosts, elastic_dir, ttl, log, local, logged=None):
     """Drops hosts named by a leaving record.  A record is removed once its
     host is no longer discovered (a replacement may reuse the name) or it is
-    older than ttl seconds."""
+    older than ttl seconds.  `logged` (a set) keeps each exclusion to one
+    log line."""
+    logged = set() if logged is None else logged
     records = read_leaving(elastic_dir)
     now = time.time()
     leaving = set()
@@ -175,7 +177,9 @@ def filter_leaving(hosts, elastic_dir, ttl, log, local):
                 pass
             continue
         for h in matched:
-            if h not in leaving:
+            key = (h, path, rec.get("time"))
+            if h not in leaving and key not in logged:
+                logged.add(key)
                 why = ": ".join(str(x) for x in (rec.get("source", "?"), rec.get("reason")) if x)
                 log(f"excluding {h}: its ranks received a preemption notice ({why})")
             leaving.add(h)
