@@ -37,14 +37,10 @@ class Journal:
                 self.log(f"cannot append to {self.path}: {e.strerror} (logged once)")
             self.warned = True
 
-    def start(self, attempt, np, hosts, reason):
-        self._write({"event": "start", "attempt": attempt, "np": np,
-                     "hosts": hosts, "reason": reason})
+    def start(self, attempt, np, hosts, reason, waited_s):
+        """waited_s: time spent waiting for --min-np slots before it."""
+        self._write({"event": "start", "attempt": attempt, "np": np, "hosts": hosts,
+                     "reason": reason, "waited_s": round(waited_s, 3)})
 
     def end(self, attempt, status, step):
         self._write({"event": "end", "attempt": attempt, "status": status, "step": step})
-
-    def note(self, what, **fields):
-        """Other launcher events (a wait for capacity, giving up)."""
-        fields.update({"event": what})
-        self._write(fields)

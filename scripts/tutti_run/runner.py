@@ -97,6 +97,7 @@ class Runner:
         self.last_grow = -1e18
         self.job_started = -1e18
         self.logged_leaving = set()
+        self.waited_s = 0.0       # before the current job, for --min-np slots
         self.unreachable = {}     # host -> when a running job may probe it again
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
@@ -155,7 +156,7 @@ class Runner:
     def spawn(self, cmd):
         """Starts mpirun with the notice signals blocked, so one arriving
         during the fork/exec stays pending and is forwarded once self.proc
-        is set.  The child unblocks them and asks the kernel for SIGTERM when
+        is set; False (nothing started) when a notice came before.  The child unblocks them and asks the kernel for SIGTERM when
         tutti-run dies (even by SIGKILL): mpirun answers it by ending the
         ranks."""
         parent = os.getpid()
@@ -173,7 +174,10 @@ class Runner:
 
         signal.pthread_sigmask(signal.SIG_BLOCK, NOTICE_SIGNALS)
         try:
+            if self.notice is not None:  # came after the loop's check: start nothing
+                return False
             self.proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=child)
+            return True
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, NOTICE_SIGNALS)  # pending ones run now
 
@@ -243,24 +247,24 @@ class Runner:
         """Usable hosts with at least --min-np slots, or None after
         --wait-timeout (or a notice)."""
         lo, timeout = self.opts["min_np"], self.opts["wait_timeout"]
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = t0 + timeout
         waited = False
         while self.notice is None:
             hosts = self.usable_hosts()
             slots = sum(s for _, s in hosts)
             if slots >= lo:
+                self.waited_s = time.monotonic() - t0 if waited else 0.0
                 if waited:
-                    log(f"{slots} usable slots: starting")
+                    log(f"{slots} usable slots after {self.waited_s:.1f} s: starting")
                 return hosts
             if not waited:
                 log(f"{slots} usable slot(s) ({H.format_hosts(hosts) or 'no hosts'}), fewer than "
                     f"--min-np {lo}: waiting up to {timeout:g} s for capacity")
-                self.journal.note("wait", slots=slots, min_np=lo)
                 waited = True
             if time.monotonic() >= deadline:
                 log(f"gave up: {slots} usable slot(s) after waiting {timeout:g} s for --min-np "
                     f"{lo} (discovery: {self.opts['discovery_script'] or self.opts['hostfile']})")
-                self.journal.note("gave-up", slots=slots, min_np=lo)
                 return None
             end = min(deadline, time.monotonic() + self.opts["discovery_interval"])
             while self.notice is None and time.monotonic() < end:
@@ -342,21 +346,21 @@ class Runner:
                     if self.notice is not None:
                         continue
                     return status if attempt > 0 else 1
-            if self.notice is not None:
-                continue  # arrived during discovery: nothing started yet
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
             cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
             log(("starting" if attempt == 0 else f"restart {attempt}:") + " " + " ".join(cmd))
             step_before = committed_step(self.opts["ckpt_dir"])
-            self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
-            self.usr1_wanted = self.notice is not None
+            self.usr1_wanted = False
             self.usr1_sent = -1e18
             self.job_started = time.monotonic()
             try:
-                self.spawn(cmd)
+                if not self.spawn(cmd):
+                    continue
             except OSError as e:
                 log(f"cannot start {self.opts['mpirun']}: {e}")
                 return 127
+            self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason,
+                               self.waited_s)
             status = status_of(self.wait())
             left = kill_session(self.proc.pid)
             if left:
