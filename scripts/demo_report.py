@@ -168,7 +168,8 @@ def goodput(launches_path, steps, events, progress):
            "lost": progress["lost_s"], "recomputed": n_redone, "recompute_s": redone_s,
            "sizes": [(x["np"], x["reason"]) for x in starts],
            "resume_steps": [r["step"] for r in resumes],
-           "relaunch_gaps": [b["time"] - a["time"] for a, b in zip(ends, starts[1:])]}
+           "relaunch_gaps": [b["time"] - a["time"] for a, b in zip(ends, starts[1:])],
+           "waited": sum(x.get("waited_s", 0.0) for x in starts[1:])}
     out["other"] = max(0.0, wall - out["train"] - out["ckpt"] - out["lost"])
     out["goodput"] = out["train"] / wall if wall > 0 else 0.0
     return out
@@ -187,7 +188,8 @@ def goodput_table(g, progress, samples=None):
         ("  - recomputed steps", f"{g['recomputed']} steps, about {g['recompute_s']:.1f} s"),
         ("  - save, exit, relaunch, start, load", f"{max(0.0, g['lost'] - g['recompute_s']):.1f} s"
                                                    f" (launcher gaps "
-                                                   f"{', '.join(f'{x:.1f}' for x in g['relaunch_gaps'])} s)"),
+                                                   f"{', '.join(f'{x:.1f}' for x in g['relaunch_gaps'])} s"
+                                                   f"{'' if not g['waited'] else ', waiting for capacity %.1f s' % g['waited']})"),
         ("other: first start-up, shutdown", f"{g['other']:.1f} s ({pct(g['other'])})"),
         ("counters that survived restarts", ""),
         ("  - samples trained on", f"{progress['position']}" + (

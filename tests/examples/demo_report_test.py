@@ -11,7 +11,7 @@ closed-form answers (no processes):
 Recomputed steps: 31, 32, 33 (done by run 0 after its last checkpoint) = 3,
 one second each (summarise() said 32: it paired the resize notice at 62
 with the resume at 30).  Then two crashes before a new checkpoint.  launches.jsonl: starts at 99, 199, 299, ends at 140, 270,
-401: wall 302 s.  The job's counters: train 100 s, ckpt 2 s, lost 150 s ->
+401: wall 302 s, the second start after waiting 12.5 s for capacity.  The job's counters: train 100 s, ckpt 2 s, lost 150 s ->
 goodput 100 / 302, other 302 - 252 = 50 s.
 
     demo_report_test.py SOURCE_DIR WORK_DIR
@@ -55,7 +55,8 @@ launches = os.path.join(work, "launches.jsonl")
 with open(launches, "w") as f:
     for rec in ({"event": "start", "attempt": 0, "np": 6, "hosts": [], "reason": "start", "time": 99},
                 {"event": "end", "attempt": 0, "status": 205, "step": 30, "time": 140},
-                {"event": "start", "attempt": 1, "np": 4, "hosts": [], "reason": "failure", "time": 199},
+                {"event": "start", "attempt": 1, "np": 4, "hosts": [], "reason": "failure", "time": 199,
+                 "waited_s": 12.5},
                 {"event": "end", "attempt": 1, "status": 75, "step": 62, "time": 270},
                 {"event": "start", "attempt": 2, "np": 6, "hosts": [], "reason": "resize", "time": 299},
                 {"event": "end", "attempt": 2, "status": 0, "step": 90, "time": 401}):
@@ -74,14 +75,15 @@ g = demo_report.goodput(launches, steps, events, progress)
 print("goodput:", g)
 want = {"wall": 302.0, "train": 100.0, "ckpt": 2.0, "lost": 150.0, "recomputed": 3,
         "recompute_s": 3.0, "other": 50.0, "sizes": [(6, "start"), (4, "failure"), (6, "resize")],
-        "resume_steps": [30, 62], "relaunch_gaps": [59.0, 29.0]}
+        "resume_steps": [30, 62], "relaunch_gaps": [59.0, 29.0], "waited": 12.5}
 bad = {k: (g[k], v) for k, v in want.items() if (abs(g[k] - v) > 1e-9 if isinstance(v, float)
                                                    else g[k] != v)}
 if bad or abs(g["goodput"] - 100.0 / 302.0) > 1e-12:
     fail(f"goodput fields (got, expected): {bad}; goodput {g['goodput']}")
 text = demo_report.goodput_table(g, progress)
 print(text)
-for needle in ("goodput 33.1%", "3 steps, about 3.0 s", "6 (start) -> 4 (failure) -> 6 (resize)"):
+for needle in ("goodput 33.1%", "3 steps, about 3.0 s", "6 (start) -> 4 (failure) -> 6 (resize)",
+               "waiting for capacity 12.5 s"):
     if needle not in text:
         fail(f"'{needle}' missing from the table")
 # Two crashes before a new checkpoint: run 1 redoes 31..33 and dies at 35,
