@@ -105,7 +105,7 @@ def main():
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--compression", help="default powersgd; fp16 with --elastic (the "
-                    "error-feedback residuals of powersgd cannot follow a change of size)")
+                    "error-feedback residuals of powersgd do not follow a change of size yet)")
     ap.add_argument("--notice-at", type=float, help="fraction of the run (default 0.45; "
                     "0.3 with --elastic)")
     ap.add_argument("--elastic", action="store_true",
