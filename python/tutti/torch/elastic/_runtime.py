@@ -119,12 +119,13 @@ def host_updates():
     mon = monitor()
     resize = resize_request() if _C.rank() == 0 else None
     kind = mon.local().value if mon is not None else 0
-    flags = torch.tensor([1 if resize is not None else 0, kind], dtype=torch.int32)
+    size = (resize or {}).get("np", (resize or {}).get("size"))
+    flags = torch.tensor([1 if resize is not None else 0, kind,
+                          size if isinstance(size, int) else 0], dtype=torch.int32)
     agreed = allreduce(flags, op=Max, name="tutti.elastic.host_updates").tolist()
     if agreed[0]:
-        size = (resize or {}).get("np", (resize or {}).get("size"))
-        return ("tutti-run asked for a resize" + (f" to {size} ranks" if size else "")
-                + (f" ({resize['path']})" if resize else ""))
+        return ("tutti-run asked for a resize" + (f" to {agreed[2]} ranks" if agreed[2] else "")
+                + f" ({os.path.join(os.environ.get('TUTTI_ELASTIC_DIR', ''), RESIZE_FILE)})")
     if mon is None or agreed[1] == _C.NoticeKind.NONE.value:
         return None
     if agreed[1] == _C.NoticeKind.REBALANCE.value and not mon.should_stop(_C.world()):
