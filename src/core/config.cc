@@ -143,9 +143,29 @@ const std::vector<SettingInfo> kSettings = {
      "Timeout of one metadata-endpoint request."},
     // ---- launcher
     {"TUTTI_MAX_RESTARTS", "int", "3",
-     "tutti-run: restarts after a failure or preemption exit."},
+     "tutti-run: restarts after failures without progress (a run that "
+     "advanced the committed checkpoint step, or a preemption or resize exit, "
+     "resets the count)."},
     {"TUTTI_RESTART_BACKOFF_S", "float", "1",
-     "tutti-run: first restart delay, doubled each time (capped at 60 s)."},
+     "tutti-run: delay before a restart, doubled for each further failure "
+     "without progress (capped at 60 s)."},
+    // ---- elastic mode (set by tutti-run --min-np/--max-np; docs/elastic.md)
+    {"TUTTI_ELASTIC", "bool", "0",
+     "Set by tutti-run in elastic mode: the job may be restarted at another "
+     "world size."},
+    {"TUTTI_ELASTIC_DIR", "string", "",
+     "Set by tutti-run in elastic mode: its directory every rank can reach. "
+     "A rank whose own node received a stop notice (metadata, trigger file, "
+     "a signal not forwarded by mpirun) writes leaving/<host> there, and "
+     "tutti-run leaves that host out of the next start; empty: no record."},
+    {"TUTTI_ELASTIC_MIN_NP", "int", "0",
+     "Set by tutti-run in elastic mode: its --min-np."},
+    {"TUTTI_ELASTIC_MAX_NP", "int", "0",
+     "Set by tutti-run in elastic mode: its --max-np."},
+    {"TUTTI_ELASTIC_HOST", "string", "",
+     "The name this node has in tutti-run's host discovery, written in the "
+     "leaving record; empty: gethostname() (the record also lists the node's "
+     "addresses, which tutti-run matches against discovered addresses)."},
 };
 
 struct Cache {

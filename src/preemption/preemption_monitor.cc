@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "preemption/leaving.h"
 #include "preemption/notice_source.h"
 #include "preemption/signal_source.h"
 #include "tutti/config.h"
@@ -39,7 +40,9 @@ class PreemptionMonitor::Impl {
     if (best_.kind == NoticeKind::kNone) return std::nullopt;
     return best_;
   }
-  void record(NoticeKind kind, const std::string& source, const std::string& detail);
+  // `node_local`: the notice says this node is going away (leaving.h).
+  void record(NoticeKind kind, const std::string& source, const std::string& detail,
+              bool node_local);
 
   std::vector<std::string> names;
   bool stop_on_rebalance = false;
@@ -161,7 +164,8 @@ void PreemptionMonitor::Impl::poll_loop(preempt::NoticeSource& source) {
       failure_logged = true;
       o = preempt::Observation();
     }
-    if (o.kind != NoticeKind::kNone) record(o.kind, source.name(), o.detail);
+    if (o.kind != NoticeKind::kNone)
+      record(o.kind, source.name(), o.detail, preempt::notice_is_node_local(source.name(), 0));
     lock.lock();
     cv_.wait_for(lock, std::chrono::milliseconds(std::max(poll_ms_, o.retry_after_ms)),
                  [&] { return stop_thread_; });
@@ -169,24 +173,34 @@ void PreemptionMonitor::Impl::poll_loop(preempt::NoticeSource& source) {
 }
 
 void PreemptionMonitor::Impl::record(NoticeKind kind, const std::string& source,
-                                     const std::string& detail) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (static_cast<int>(kind) <= static_cast<int>(best_.kind)) return;
-  best_.kind = kind;
-  best_.source = source;
-  best_.detail = detail;
-  best_.seconds_since_start =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  kind_.store(static_cast<int>(kind));
-  TUTTI_LOG(kWarn) << "preemption notice (" << notice_kind_name(kind) << ") from " << source
-                   << (detail.empty() ? "" : ": ") << detail;
+                                     const std::string& detail, bool node_local) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int>(kind) <= static_cast<int>(best_.kind)) return;
+    best_.kind = kind;
+    best_.source = source;
+    best_.detail = detail;
+    best_.seconds_since_start =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    kind_.store(static_cast<int>(kind));
+    TUTTI_LOG(kWarn) << "preemption notice (" << notice_kind_name(kind) << ") from " << source
+                     << (detail.empty() ? "" : ": ") << detail;
+  }
+  // A notice that stops the job and says this node is going away: elastic
+  // tutti-run must not start the next run here.  A rebalance that only
+  // saves keeps the node.
+  if (node_local &&
+      (kind == NoticeKind::kStop || (kind == NoticeKind::kRebalance && stop_on_rebalance)))
+    preempt::record_leaving(source, detail.empty() ? notice_kind_name(kind) : detail);
 }
 
 NoticeKind PreemptionMonitor::Impl::local() {
   if (signals_) {
     const int sig = preempt::received_signal();
     if (sig != 0 && kind_.load() < static_cast<int>(NoticeKind::kStop))
-      record(NoticeKind::kStop, preempt::signal_name(sig), "");
+      record(NoticeKind::kStop, preempt::signal_name(sig), "",
+             preempt::notice_is_node_local(preempt::signal_name(sig),
+                                           preempt::received_signal_sender()));
   }
   return static_cast<NoticeKind>(kind_.load());
 }
@@ -227,7 +241,7 @@ PreemptionAction PreemptionMonitor::decide(ProcessGroup& group) {
 
 void PreemptionMonitor::notify(NoticeKind kind, const std::string& source,
                                const std::string& detail) {
-  impl_->record(kind, source, detail);
+  impl_->record(kind, source, detail, /*node_local=*/false);
 }
 
 std::vector<std::string> PreemptionMonitor::sources() const { return impl_->names; }

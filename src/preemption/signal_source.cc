@@ -19,7 +19,14 @@ std::mutex g_mu;
 bool g_installed = false;
 struct sigaction g_previous[3];
 
-extern "C" void on_signal(int signo) { g_received.store(signo, std::memory_order_relaxed); }
+std::atomic<int> g_sender{0};
+
+// The sender first, then the signal: a reader that sees the signal sees its
+// sender (or a later one's).
+extern "C" void on_signal(int signo, siginfo_t* info, void*) {
+  g_sender.store(info != nullptr ? static_cast<int>(info->si_pid) : 0, std::memory_order_relaxed);
+  g_received.store(signo, std::memory_order_release);
+}
 
 }  // namespace
 
@@ -27,11 +34,12 @@ bool install_signal_handlers() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_installed) return false;
   g_received.store(0);
+  g_sender.store(0);
   for (int i = 0; i < 3; ++i) {
     struct sigaction sa {};
-    sa.sa_handler = on_signal;
+    sa.sa_sigaction = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;  // a notice must not fail the I/O in flight
+    sa.sa_flags = SA_RESTART | SA_SIGINFO;  // SA_RESTART: a notice must not fail the I/O in flight
     sigaction(kSignals[i], &sa, &g_previous[i]);
   }
   g_installed = true;
@@ -45,7 +53,8 @@ void restore_signal_handlers() {
   g_installed = false;
 }
 
-int received_signal() { return g_received.load(std::memory_order_relaxed); }
+int received_signal() { return g_received.load(std::memory_order_acquire); }
+int received_signal_sender() { return g_sender.load(std::memory_order_relaxed); }
 
 const char* signal_name(int signo) {
   switch (signo) {

@@ -12,6 +12,9 @@ bool install_signal_handlers();
 void restore_signal_handlers();
 // The last of the three signals received since install, or 0.
 int received_signal();
+// The pid that sent it (siginfo si_pid; 0 when the kernel or a process in
+// another pid namespace sent it).
+int received_signal_sender();
 const char* signal_name(int signo);
 
 }  // namespace preempt

@@ -1,0 +1,235 @@
+"""Where an elastic job may run: host discovery (a Horovod-style script or a
+re-read hostfile), hosts recorded as leaving by their own ranks, and a
+reachability probe through the rsh agent mpirun will use."""
+import json
+import os
+import shlex
+import socket
+import subprocess
+import threading
+import time
+
+
+class DiscoveryError(Exception):
+    pass
+
+
+def parse_host_line(line, where):
+    """'host:slots', 'host slots=N' (OpenMPI hostfile), or 'host' (1 slot).
+    Returns (host, slots) or None for a blank/comment line."""
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        return None
+    words = line.split()
+    host, slots = words[0], 1
+    for w in words[1:]:
+        key, _, value = w.partition("=")
+        if key == "slots":
+            slots = value
+        elif key not in ("max_slots", "max-slots"):
+            raise DiscoveryError(f"{where}: cannot read '{line}' (expected 'host:slots' or "
+                                 f"'host slots=N')")
+    if ":" in host and host.count(":") == 1:
+        host, slots = host.split(":")
+    try:
+        slots = int(slots)
+    except ValueError:
+        raise DiscoveryError(f"{where}: '{line}': slots must be an integer") from None
+    if slots < 0 or not host:
+        raise DiscoveryError(f"{where}: '{line}': expected a host name and slots >= 0")
+    return host, slots
+
+
+def parse_hosts(text, where):
+    """Hosts in order of first appearance; a host listed twice keeps the
+    larger slot count."""
+    out = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        h = parse_host_line(line, f"{where} line {n}")
+        if h and h[1] > 0:
+            out[h[0]] = max(out.get(h[0], 0), h[1])
+    return list(out.items())
+
+
+def discover(script=None, hostfile=None, timeout=30.0):
+    """[(host, slots)] from the discovery script or the hostfile."""
+    if hostfile:
+        try:
+            with open(hostfile) as f:
+                return parse_hosts(f.read(), f"hostfile {hostfile}")
+        except OSError as e:
+            raise DiscoveryError(f"cannot read hostfile {hostfile}: {e.strerror}") from None
+    try:
+        r = subprocess.run([script], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise DiscoveryError(f"discovery script {script} did not finish within "
+                             f"{timeout:g} s") from None
+    except OSError as e:
+        raise DiscoveryError(f"cannot run discovery script {script}: {e.strerror}") from None
+    if r.returncode != 0:
+        raise DiscoveryError(f"discovery script {script} exited with {r.returncode}: "
+                             f"{r.stderr.strip()[-500:]}")
+    return parse_hosts(r.stdout, f"output of {script}")
+
+
+def format_hosts(hosts):
+    return ",".join(f"{h}:{s}" for h, s in hosts)
+
+
+def take_slots(hosts, np):
+    """The first hosts (discovery order) holding np slots; the last one may
+    give fewer than it has."""
+    out, left = [], np
+    for h, s in hosts:
+        if left <= 0:
+            break
+        out.append((h, min(s, left)))
+        left -= min(s, left)
+    return out
+
+
+# ---- this machine -----------------------------------------------------------
+
+def local_names():
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    try:
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    return {n for n in names if n}
+
+
+def is_local(host, names):
+    return host in names or host.split(".")[0] in {n.split(".")[0] for n in names
+                                                   if not n[0].isdigit()}
+
+
+# ---- leaving records (written by the ranks: src/preemption/leaving.cc) -----
+
+def _addresses(host):
+    try:
+        return {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def read_leaving(elastic_dir):
+    """{path: record} for every readable record in <dir>/leaving."""
+    d = os.path.join(elastic_dir, "leaving")
+    out = {}
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for n in names:
+        if n.startswith("."):
+            continue
+        p = os.path.join(d, n)
+        try:
+            with open(p) as f:
+                rec = json.load(f)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as e:
+            rec = {"host": n, "unreadable": str(e)}
+        rec.setdefault("host", n)
+        out[p] = rec
+    return out
+
+
+def record_matches(rec, host, local):
+    """Whether a leaving record names `host`: by name (full or short), by an
+    address of the record's node, or, for this machine's own names, a record
+    written on this machine."""
+    names = {str(rec.get("host", ""))} | {str(n) for n in rec.get("names", []) or []}
+    names.discard("")
+    if host in names or host.split(".")[0] in {n.split(".")[0] for n in names
+                                               if not n[:1].isdigit()}:
+        return True
+    if is_local(host, local) and names & local:
+        return True
+    addrs = {str(a) for a in rec.get("addresses", []) or []}
+    return bool(addrs) and bool(_addresses(host) & addrs)
+
+
+def filter_leaving(hosts, elastic_dir, ttl, log, local):
+    """Drops hosts named by a leaving record.  A record is removed once its
+    host is no longer discovered (a replacement may reuse the name) or it is
+    older than ttl seconds."""
+    records = read_leaving(elastic_dir)
+    now = time.time()
+    leaving = set()
+    for path, rec in records.items():
+        matched = [h for h, _ in hosts if record_matches(rec, h, local)]
+        try:
+            age = now - os.stat(path).st_mtime
+        except OSError:
+            continue
+        if not matched or age > ttl:
+            why = ("no longer discovered" if not matched else f"older than {ttl:g} s")
+            log(f"leaving record for {rec.get('host')} removed ({why})")
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            continue
+        for h in matched:
+            if h not in leaving:
+                log(f"excluding {h}: its ranks received a preemption notice "
+                    f"({rec.get('source', '?')}: {rec.get('reason', '')})".rstrip(": )") + ")")
+            leaving.add(h)
+    return [(h, s) for h, s in hosts if h not in leaving], sorted(leaving)
+
+
+# ---- reachability -------------------------------------------------------------
+
+def rsh_agent(mpi_args):
+    """The agent mpirun will use: --mca plm_rsh_agent X in the arguments,
+    else OMPI_MCA_plm_rsh_agent, else ssh (OpenMPI's default 'ssh : rsh')."""
+    agent = None
+    for i, a in enumerate(mpi_args[:-2]):
+        if a in ("--mca", "-mca", "--gmca", "-gmca") and mpi_args[i + 1] in (
+                "plm_rsh_agent", "orte_rsh_agent", "pls_rsh_agent"):
+            agent = mpi_args[i + 2]
+    if agent is None:
+        agent = (os.environ.get("OMPI_MCA_plm_rsh_agent") or
+                 os.environ.get("OMPI_MCA_orte_rsh_agent") or "ssh")
+    first = agent.split(":")[0].strip() or "ssh"
+    words = shlex.split(first)
+    if os.path.basename(words[0]) == "ssh":
+        # Never wait for a password or a host-key prompt.
+        words += ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    return words
+
+
+def probe(hosts, agent, timeout, local):
+    """{host: None (reachable) or 'reason'} for every host; this machine's
+    own names are not probed.  Probes run in parallel, each bounded by
+    timeout seconds."""
+    result = {}
+
+    def one(h):
+        if is_local(h, local):
+            result[h] = None
+            return
+        try:
+            r = subprocess.run(agent + [h, "true"], capture_output=True, text=True,
+                               timeout=timeout, stdin=subprocess.DEVNULL,
+                               start_new_session=True)
+            result[h] = None if r.returncode == 0 else (
+                f"'{' '.join(agent)} {h} true' exited with {r.returncode}: "
+                f"{r.stderr.strip()[-200:]}")
+        except subprocess.TimeoutExpired:
+            result[h] = f"no answer within {timeout:g} s"
+        except OSError as e:
+            result[h] = f"cannot run {agent[0]}: {e.strerror}"
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    for h in hosts:
+        result.setdefault(h, f"no answer within {timeout:g} s")
+    return result

@@ -1,0 +1,386 @@
+"""The restart loop: start mpirun, forward notices, restart after failures
+and preemption exits; in elastic mode choose the hosts and size of every
+start and ask a running job to save and exit when it can grow."""
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from . import hosts as H
+from .journal import Journal, committed_step
+
+PREEMPTED = 75
+COMM_FAILURE = 76  # tutti::kCommFailureExitCode (TUTTI_EXIT_ON_COMM_FAILURE)
+MAX_BACKOFF_S = 60.0
+PR_SET_PDEATHSIG = 1
+USR1_REPEAT_S = 2.0
+NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def log(msg):
+    sys.stderr.write(f"[tutti-run] {msg}\n")
+    sys.stderr.flush()
+
+
+def is_open_mpi(mpirun):
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
+        return "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout + out.stderr
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def status_of(returncode):
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def catches(pid, sig):
+    """Whether process pid has a handler for sig (/proc/PID/status SigCgt);
+    True when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
+def kill_session(sid):
+    """SIGKILLs what is left of a session (mpirun's ranks outlive a SIGKILLed
+    mpirun: each rank has its own process group but keeps mpirun's session).
+    The session id cannot be reused while any member lives."""
+    killed = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # state ppid pgrp session
+                os.kill(int(d), signal.SIGKILL)
+                killed += 1
+        except (OSError, IndexError, ValueError):
+            pass
+    return killed
+
+
+class Runner:
+    def __init__(self, opts, mpi_args):
+        self.opts = opts
+        self.mpi_args = mpi_args
+        self.proc = None
+        self.notice = None   # the signal that asked us to stop, if any
+        self.interrupts = 0
+        self.notice_time = None
+        self.terminated = False
+        self.libc = _libc()
+        self.journal = Journal(opts.get("elastic_dir") if opts.get("elastic") else None, log)
+        self.local = H.local_names()
+        self.agent = H.rsh_agent(mpi_args)
+        self.np = None            # size of the running job (elastic mode)
+        self.hosts = []           # its hosts [(host, slots)]
+        self.resize_requested = False
+        self.last_grow = -1e18
+        self.discovery_failed = False
+        self.usr1_wanted = False  # a stop or resize request to forward to mpirun
+        self.usr1_sent = -1e18
+
+    # ---- signals -------------------------------------------------------------
+
+    def on_signal(self, signum, _frame):
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1 and self.proc and self.proc.poll() is None:
+                log("second SIGINT: terminating the job now")
+                self.terminate()
+                return
+        if self.notice is None:
+            self.notice = name
+            self.notice_time = time.monotonic()
+        if self.proc and self.proc.poll() is None:
+            log(f"{name}: asking the ranks to checkpoint and stop (SIGUSR1 to mpirun)")
+            self.ask_to_stop()
+        else:
+            log(f"{name}: no job running; not starting another")
+
+    def ask_to_stop(self):
+        self.usr1_wanted = True
+        self.forward_usr1()
+
+    def forward_usr1(self):
+        """Sends SIGUSR1 to mpirun once it handles it, and again every
+        USR1_REPEAT_S while the job runs: mpirun dies of a SIGUSR1 that
+        arrives before it installed its handler, and forwards one only to
+        the ranks already running, so a notice that lands while the job
+        starts would otherwise be lost.  A rank takes a repeated notice as
+        the same notice."""
+        if not self.usr1_wanted or not self.proc or self.proc.poll() is not None:
+            return
+        now = time.monotonic()
+        if now - self.usr1_sent < USR1_REPEAT_S or not catches(self.proc.pid, signal.SIGUSR1):
+            return
+        self.usr1_sent = now
+        try:
+            self.proc.send_signal(signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self):
+        if self.terminated or not self.proc:
+            return
+        self.terminated = True
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def spawn(self, cmd):
+        """Starts mpirun with the notice signals blocked, so one arriving
+        during the fork/exec stays pending and is forwarded once self.proc
+        is set.  The child unblocks them and asks the kernel for SIGTERM when
+        tutti-run dies (even by SIGKILL): mpirun answers it by ending the
+        ranks."""
+        parent = os.getpid()
+        libc = self.libc
+        delay = float(os.environ.get("TUTTI_RUN_TEST_SPAWN_DELAY_S", "0") or 0)
+
+        def child():
+            if libc is not None:
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:  # tutti-run died before the prctl
+                os._exit(143)
+            if delay > 0:  # tests: widen the window in which the parent spawns
+                time.sleep(delay)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, NOTICE_SIGNALS)
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, NOTICE_SIGNALS)
+        try:
+            self.proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=child)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, NOTICE_SIGNALS)  # pending ones run now
+
+    def wait(self):
+        """Waits for the job; enforces --stop-timeout after a notice; in
+        elastic mode watches discovery for a chance to grow."""
+        killed = False
+        next_discovery = time.monotonic() + self.opts["discovery_interval"]
+        while True:
+            try:
+                return self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            self.forward_usr1()
+            now = time.monotonic()
+            if self.opts["elastic"] and self.notice is None and now >= next_discovery:
+                self.maybe_grow()
+                next_discovery = time.monotonic() + self.opts["discovery_interval"]
+            limit = self.opts["stop_timeout"]
+            if self.notice_time is None or limit <= 0 or killed:
+                continue
+            late = now - self.notice_time - limit
+            if late >= 10.0:
+                log("the job ignored SIGTERM: killing mpirun")
+                self.proc.kill()
+                killed = True
+            elif late >= 0 and not self.terminated:
+                log(f"the job did not stop within {limit:g} s of the notice: terminating it")
+                self.terminate()
+
+    # ---- elastic -------------------------------------------------------------
+
+    def discover(self):
+        try:
+            hosts = H.discover(self.opts["discovery_script"], self.opts["hostfile"])
+            self.discovery_failed = False
+            return hosts
+        except H.DiscoveryError as e:
+            if not self.discovery_failed:
+                log(f"host discovery failed (treated as no hosts until it works): {e}")
+            self.discovery_failed = True
+            return []
+
+    def usable_hosts(self, known=()):
+        """Discovered hosts that are not leaving and answer a probe (hosts in
+        `known` are not probed again)."""
+        hosts, _ = H.filter_leaving(self.discover(), self.opts["elastic_dir"],
+                                    self.opts["leaving_ttl"], log, self.local)
+        todo = [h for h, _ in hosts if h not in known]
+        bad = {h: why for h, why in H.probe(todo, self.agent, self.opts["probe_timeout"],
+                                            self.local).items() if why}
+        for h, why in bad.items():
+            log(f"excluding {h}: unreachable ({why})")
+        return [(h, s) for h, s in hosts if h not in bad]
+
+    def wait_for_capacity(self):
+        """Usable hosts with at least --min-np slots, or None after
+        --wait-timeout (or a notice)."""
+        lo, timeout = self.opts["min_np"], self.opts["wait_timeout"]
+        deadline = time.monotonic() + timeout
+        waited = False
+        while self.notice is None:
+            hosts = self.usable_hosts()
+            slots = sum(s for _, s in hosts)
+            if slots >= lo:
+                if waited:
+                    log(f"{slots} usable slots: starting")
+                return hosts
+            if not waited:
+                log(f"{slots} usable slot(s) ({H.format_hosts(hosts) or 'no hosts'}), fewer than "
+                    f"--min-np {lo}: waiting up to {timeout:g} s for capacity")
+                self.journal.note("wait", slots=slots, min_np=lo)
+                waited = True
+            if time.monotonic() >= deadline:
+                log(f"gave up: {slots} usable slot(s) after waiting {timeout:g} s for --min-np "
+                    f"{lo} (discovery: {self.opts['discovery_script'] or self.opts['hostfile']})")
+                self.journal.note("gave-up", slots=slots, min_np=lo)
+                return None
+            end = min(deadline, time.monotonic() + self.opts["discovery_interval"])
+            while self.notice is None and time.monotonic() < end:
+                time.sleep(0.1)
+        return None
+
+    def maybe_grow(self):
+        hi = self.opts["max_np"]
+        if self.resize_requested or self.np >= hi:
+            return
+        if time.monotonic() - self.last_grow < self.opts["grow_interval"]:
+            return
+        hosts = self.usable_hosts(known={h for h, _ in self.hosts})
+        new_np = min(hi, sum(s for _, s in hosts))
+        if new_np <= self.np:
+            return
+        self.last_grow = time.monotonic()
+        self.resize_requested = True
+        req = {"np": new_np, "from": self.np, "hosts": H.format_hosts(H.take_slots(hosts, new_np)),
+               "time": round(time.time(), 3), "reason": "grow"}
+        path = os.path.join(self.opts["elastic_dir"], "resize-requested")
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(req, f)
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            log(f"cannot write {path}: {e.strerror}")
+        log(f"{new_np} slots available ({req['hosts']}), running {self.np}: asking the job to "
+            f"save and exit (SIGUSR1 to mpirun) to restart larger")
+        self.ask_to_stop()
+
+    def elastic_args(self):
+        """-np and -H for the next start, or None (too few slots)."""
+        hosts = self.wait_for_capacity()
+        if hosts is None:
+            return None
+        self.np = min(self.opts["max_np"], sum(s for _, s in hosts))
+        self.hosts = H.take_slots(hosts, self.np)
+        self.resize_requested = False
+        try:
+            os.unlink(os.path.join(self.opts["elastic_dir"], "resize-requested"))
+        except OSError:
+            pass
+        return ["-np", str(self.np), "-H", H.format_hosts(self.hosts)]
+
+    # ---- the loop ------------------------------------------------------------
+
+    def run(self):
+        for sig in NOTICE_SIGNALS:
+            signal.signal(sig, self.on_signal)
+        os.environ.setdefault("TUTTI_EXIT_ON_COMM_FAILURE", "1")
+        if self.opts["elastic"]:
+            os.environ.update({
+                "TUTTI_ELASTIC": "1", "TUTTI_ELASTIC_DIR": self.opts["elastic_dir"],
+                "TUTTI_ELASTIC_MIN_NP": str(self.opts["min_np"]),
+                "TUTTI_ELASTIC_MAX_NP": str(self.opts["max_np"])})
+        export = []
+        if is_open_mpi(self.opts["mpirun"]):
+            names = sorted(set([k for k in os.environ if k.startswith("TUTTI_")] +
+                               ["TUTTI_RESTART_COUNT"]))
+            names = [k for k in names if not k.startswith("TUTTI_RUN_TEST_")]
+            for k in names:
+                export += ["-x", k]
+        attempt = 0
+        failures = 0   # consecutive failures without progress
+        status = 0
+        reason = "start"
+        while True:
+            if self.notice is not None:
+                if attempt == 0:
+                    log(f"{self.notice} received before the job started: exiting")
+                    return 128 + signal.Signals[self.notice].value
+                log(f"{self.notice} received: not restarting")
+                return status
+            size_args = []
+            if self.opts["elastic"]:
+                size_args = self.elastic_args()
+                if size_args is None:
+                    if self.notice is not None:
+                        continue
+                    return status if attempt > 0 else 1
+            if self.notice is not None:
+                continue  # arrived during discovery: nothing started yet
+            os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
+            cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
+            log(("starting" if attempt == 0 else f"restart {attempt}:") + " " + " ".join(cmd))
+            step_before = committed_step(self.opts["ckpt_dir"])
+            self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
+            self.usr1_wanted = self.notice is not None
+            self.usr1_sent = -1e18
+            try:
+                self.spawn(cmd)
+            except OSError as e:
+                log(f"cannot start {self.opts['mpirun']}: {e}")
+                return 127
+            status = status_of(self.wait())
+            left = kill_session(self.proc.pid)
+            if left:
+                log(f"mpirun ended ({status}) leaving {left} process(es) of its session: killed")
+            self.proc = None
+            step = committed_step(self.opts["ckpt_dir"])
+            self.journal.end(attempt, status, step)
+            progressed = step is not None and (step_before is None or step > step_before)
+            what = ("completed" if status == 0 else
+                    "stopped to resize (checkpoint committed)" if status == PREEMPTED
+                    and self.resize_requested
+                    else "stopped on a preemption notice (checkpoint committed)"
+                    if status == PREEMPTED
+                    else "failed: a peer or the network failed (status 76)" if status == COMM_FAILURE
+                    else f"failed with status {status}")
+            log(f"job {what}")
+            if status == 0:
+                return 0
+            if self.notice is not None:
+                return status
+            if status == PREEMPTED:
+                failures = 0
+                reason = "resize" if self.resize_requested else "preempted"
+                delay = 0.0 if self.resize_requested else self.opts["backoff"]
+            elif progressed:
+                failures = 0
+                reason = "failure"
+                delay = self.opts["backoff"]
+                log(f"the committed step advanced to {step}: the restart budget is reset")
+            else:
+                failures += 1
+                reason = "failure"
+                if failures > self.opts["max_restarts"]:
+                    log(f"giving up after {failures - 1} restart(s) without progress")
+                    return status
+                delay = self.opts["backoff"] * (2 ** (failures - 1))
+            delay = min(delay, MAX_BACKOFF_S)
+            log(f"restarting from the latest checkpoint in {delay:g} s "
+                f"({failures} of {self.opts['max_restarts']} failures without progress)")
+            deadline = time.monotonic() + delay
+            while self.notice is None and time.monotonic() < deadline:
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            attempt += 1

@@ -1,0 +1,27 @@
+// The "leaving host" record of elastic mode (docs/elastic.md): a rank whose
+// own node received a stop notice writes $TUTTI_ELASTIC_DIR/leaving/<host>,
+// and tutti-run leaves that host out of the next start.
+#pragma once
+
+#include <string>
+
+namespace tutti {
+namespace preempt {
+
+// Whether a notice from `source` (a PreemptionMonitor source name: "file",
+// "aws", "gcp", "azure", or a signal's name) says this node is going away.
+// Metadata and the trigger file are node-local.  A signal is node-local
+// unless it came from this process's parent (mpirun or its daemon, which
+// forward tutti-run's notice to every rank of every node): `signal_sender`
+// is the sender's pid (0 when the kernel or another pid namespace sent it).
+bool notice_is_node_local(const std::string& source, int signal_sender);
+
+// Writes the record for this host (once per process) when TUTTI_ELASTIC_DIR
+// is set: {"host", "names", "addresses", "source", "reason", "time", "job",
+// "pid"}; host = TUTTI_ELASTIC_HOST, else gethostname().  Never throws: a
+// failure is logged (the job still stops; tutti-run then finds the host by
+// probing or not at all).
+void record_leaving(const std::string& source, const std::string& reason);
+
+}  // namespace preempt
+}  // namespace tutti
