@@ -11,12 +11,17 @@ mpirun jobs); registered by tests/python/CMakeLists.txt.
   again at the new size on the same checkpoint directory): reset callbacks
   fire with the new size, the sampler keeps its global position (every
   sample trained exactly once per epoch), and the model matches a
-  single-process emulation of the same schedule.
+  single-process emulation of the same schedule;
+* the same under elastic tutti-run (--min-np 2 --max-np 3, a discovery
+  script): the discovered slots grow from 2 to 3 (tutti-run asks the job to
+  save and exit, and starts it at 3), then a rank dies and its "host"
+  leaves discovery (the job comes back at 2 from the last commit).
 """
 import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -140,7 +145,7 @@ def emulate(schedule):
         perm = np.random.RandomState(11 + epoch).permutation(et.N)
         pos, batch, local = 0, 0, 0     # local: batches since the deal started
         while True:
-            if batch > 0 and schedule.get((epoch, batch), w) != w:
+            if schedule.get((epoch, batch), w) != w:
                 pos += local * et.B * w
                 w, local = schedule[(epoch, batch)], 0
                 for g in opt.param_groups:
@@ -197,3 +202,70 @@ def test_resize_2_3_2_on_one_checkpoint_dir(tmp_path):
     assert np.allclose(model.lin.weight.detach().reshape(-1).numpy(), res["weight"],
                        rtol=1e-12, atol=1e-12)
     assert abs(model.lin.bias.item() - res["bias"]) < 1e-12
+
+
+def schedule_of(ev):
+    """{(epoch, batch): size} from rank 0's start events."""
+    return {(e["epoch"], e["batch"]): e["size"] for e in ev
+            if e["kind"] == "start" and e["rank"] == 0}
+
+
+def test_grow_and_shrink_under_elastic_tutti_run(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    disc = tmp_path / "discover.sh"
+    disc.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    disc.chmod(0o755)
+    # The second run (at 3 ranks) loses rank 2 after 4 batches, and its
+    # host's slot leaves discovery.
+    env = job_env(tmp_path, ELASTIC_SLEEP="0.3", ELASTIC_LOSE="1:2:4",
+                  ELASTIC_LOSE_WRITE=f"{hosts}=localhost:2\\n")
+    del env["TUTTI_ELASTIC_DIR"]          # tutti-run's: $TUTTI_CKPT_DIR/.elastic
+    exports = [a for k in sorted(env) if k.startswith("ELASTIC_") for a in ("-x", k)]
+    cmd = [sys.executable, TUTTI_RUN, "--mpirun", MPIRUN, "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(disc), "--discovery-interval", "0.3",
+           "--grow-interval", "0", "--backoff", "0", "--",
+           "--oversubscribe", "--bind-to", "none"] + exports + [sys.executable, TRAIN]
+    with open(tmp_path / "log.txt", "w+") as log:
+        job = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(e["kind"] == "start" for e in events(tmp_path)):
+                assert job.poll() is None and time.monotonic() < deadline, "no start"
+                time.sleep(0.1)
+            hosts.write_text("localhost:3\n")     # a third slot appears
+            status = job.wait(timeout=240)
+        finally:
+            if job.poll() is None:
+                job.kill()
+        log.seek(0)
+        out = log.read()
+    assert status == 0, out[-6000:]
+    with open(tmp_path / "ckpt" / ".elastic" / "launches.jsonl") as f:
+        launches = [json.loads(line) for line in f]
+    assert [(r["np"], r["reason"]) for r in launches if r["event"] == "start"] == \
+        [(2, "start"), (3, "resize"), (2, "failure")], out[-6000:]
+    assert [r["status"] for r in launches if r["event"] == "end"] == [75, 9, 0]
+    ev = events(tmp_path)
+    sizes = [e["size"] for e in sorted(ev, key=lambda e: e["restart"])
+             if e["kind"] == "start" and e["rank"] == 0]
+    assert sizes == [2, 3, 2]
+    resets = sorted((e["restart"], e["size"], e["lr"]) for e in ev if e["kind"] == "reset")
+    assert resets == [(1, 3, 0.05 * 3)] * 3 + [(2, 2, 0.1)] * 2, resets
+    res = result(tmp_path)
+    assert res["epoch"] == 3 and res["seen"] == [3.0] * et.N
+    model = emulate(schedule_of(ev))
+    assert model.seen.tolist() == res["seen"]
+    assert np.allclose(model.lin.weight.detach().reshape(-1).numpy(), res["weight"],
+                       rtol=1e-12, atol=1e-12)
+
+
+def test_example_runs_under_tutti_run(tmp_path):
+    """examples/python/torch_elastic.py learns its task under tutti-run."""
+    env = job_env(tmp_path, PYTHONPATH=os.environ.get("TUTTI_PYTHONPATH", ""))
+    example = os.path.join(ROOT, "examples", "python", "torch_elastic.py")
+    log = run([sys.executable, TUTTI_RUN, "--backoff", "0", "--max-restarts", "0", "--",
+               "--oversubscribe", "--bind-to", "none", "-np", "2", "-x", "PYTHONPATH",
+               sys.executable, example,
+               "--epochs", "2"], env, 0)
+    assert "size 2: epoch 0, batch 0" in log and "done: losses" in log, log[-3000:]

@@ -16,12 +16,18 @@ Test hooks (environment):
   ELASTIC_PREEMPT    "rank:epoch:batch": that rank sends itself SIGUSR1 (a
                      preemption notice) before the commit at that batch, in
                      the first run only
+  ELASTIC_LOSE       "restart:rank:n": in the run with that TUTTI_RESTART_COUNT,
+                     that rank dies after training n batches, first writing
+                     ELASTIC_LOSE_WRITE ("path=text") (a host lost: the test's
+                     discovery file shrinks)
+  ELASTIC_SLEEP      seconds to sleep per batch (gives tutti-run time to grow)
   ELASTIC_EPOCHS     epochs (default 3)
 """
 import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -77,7 +83,11 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=BASE_LR * hvd.size(), momentum=0.9)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     epochs = int(os.environ.get("ELASTIC_EPOCHS", "3"))
-    first_run = int(os.environ.get("TUTTI_RESTART_COUNT", "0") or 0) == 0
+    restart = int(os.environ.get("TUTTI_RESTART_COUNT", "0") or 0)
+    first_run = restart == 0
+    lose = [p for p in parse_points(os.environ.get("ELASTIC_LOSE", "")) if p[0] == restart]
+    sleep_s = float(os.environ.get("ELASTIC_SLEEP", "0"))
+    trained = [0]
     kill = parse_points(os.environ.get("ELASTIC_KILL", ""))
     resizes = parse_points(os.environ.get("ELASTIC_RESIZE", ""))
     preempt = parse_points(os.environ.get("ELASTIC_PREEMPT", ""))
@@ -116,6 +126,14 @@ def main():
                 if first_run and (hvd.rank(), state.epoch, state.batch) in kill:
                     event("kill", epoch=state.epoch, batch=state.batch)
                     os._exit(9)
+                if any(p[1:] == (hvd.rank(), trained[0]) for p in lose):
+                    path, _, text = os.environ.get("ELASTIC_LOSE_WRITE", "").partition("=")
+                    if path:
+                        with open(path, "w") as f:
+                            f.write(text.replace("\\n", "\n"))
+                    event("lose", epoch=state.epoch, batch=state.batch)
+                    os._exit(9)
+                time.sleep(sleep_s)
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
@@ -123,6 +141,7 @@ def main():
                 counts[index] += 1
                 model.seen += hvd.allreduce(counts, op=hvd.Sum, name="seen")
                 sampler.record_batch(idx, B)
+                trained[0] += 1
             state.epoch += 1
             state.batch = 0
             sampler.set_epoch(state.epoch)

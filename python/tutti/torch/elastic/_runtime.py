@@ -2,6 +2,7 @@
 commits go to, the preemption monitor, and the host-update check."""
 import json
 import os
+import signal
 import sys
 import time
 
@@ -81,6 +82,21 @@ def monitor():
                         f"tutti.torch.elastic: cannot make a PreemptionMonitor ({e}); if this "
                         "program has one, pass it: tutti.torch.elastic.configure(monitor=m)") from e
     return _objects["monitor"]
+
+
+def quiet_notices():
+    """Before exiting with 75: further SIGUSR1/SIGUSR2 are ignored.  tutti-run
+    repeats its SIGUSR1 until the job has ended, and the monitor's handlers
+    go when it closes (at interpreter exit at the latest): a repeat arriving
+    during the teardown killed a rank that had committed (status 138)."""
+    mon = _objects["monitor"]
+    if mon is not None:
+        mon.close()
+    try:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)
+    except ValueError:      # not the main thread: Python cannot set handlers
+        pass
 
 
 def resize_request():
