@@ -224,8 +224,11 @@ def test_one_optimizer_per_state():
                            other=torch.optim.SGD(model.parameters(), lr=1))
 
 
-def test_configure_after_the_manager_exists_is_an_error(ckpt, rank):
+def test_commits_outside_run_follow_the_newest_checkpoint(ckpt, rank):
     elastic.ObjectState(epoch=0).commit()
+    later = elastic.ObjectState(epoch=1)          # loaded nothing: not step 1 again
+    later.commit()
+    assert later.commit_step == 2 and tutti.list_checkpoints(ckpt)[-1]["step"] == 2
     with pytest.raises(tutti.InvalidArgumentError, match="exists already"):
         elastic.configure(ckpt_dir="/elsewhere")
 

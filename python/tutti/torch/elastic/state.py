@@ -186,7 +186,11 @@ class ObjectState(State):
             for name, value in self._bcast_object(self._objects(), 0).items():
                 setattr(self, name, value)
 
-    def _meta(self):
+    def _meta(self, mgr):
+        if not self._started:
+            # A commit outside run() (nothing loaded): after the newest
+            # checkpoint in the directory, so it becomes the latest.
+            self._commit_step = max(self._commit_step, mgr.latest_step() or 0)
         return {"tutti.elastic": _FORMAT, "commit": self._commit_step + 1,
                 "world_size": _C.size(),
                 "objects": {n: _encode(v, f"state.{n}") for n, v in self._objects().items()}}
@@ -208,7 +212,7 @@ class ObjectState(State):
 
     def _durable_save(self):
         mgr = _runtime.manager()
-        meta = self._meta()
+        meta = self._meta(mgr)
         _torch_ckpt.save(mgr, meta["commit"], rng=False, metadata=meta)
         if not _runtime._config["async_commit"]:
             mgr.wait()
@@ -303,7 +307,7 @@ class TorchState(ObjectState):
 
     def _durable_save(self):
         mgr = _runtime.manager()
-        meta = self._meta()
+        meta = self._meta(mgr)
         position = {n: s.state_dict() for n, s in self._samplers().items()}
         _torch_ckpt.save(mgr, meta["commit"], model=self._model(), optimizer=self._optimizer(),
                          data_position=position, metadata=meta)
