@@ -45,6 +45,12 @@ Elastic mode (docs/elastic.md):
                                 (default 600)
   --probe-timeout S             bound on the reachability probe of each host
                                 (default 10)
+  --probe-command CMD           run as 'CMD HOST true' to probe a host
+                                (default: the rsh agent mpirun will use:
+                                --mca plm_rsh_agent, OMPI_MCA_plm_rsh_agent,
+                                else ssh in batch mode; inside a Slurm
+                                allocation without an agent: none, as
+                                mpirun launches through srun); none: no probe
 
 Signals:
   SIGTERM, SIGHUP,   sent to tutti-run (a spot interruption, `docker stop`,
@@ -97,6 +103,7 @@ NUMBER_FLAGS = {
 STRING_FLAGS = {
     "--mpirun": "mpirun", "--host-discovery-script": "discovery_script",
     "--hostfile": "hostfile", "--elastic-dir": "elastic_dir", "--ckpt-dir": "ckpt_dir",
+    "--probe-command": "probe_command",
 }
 # mpirun options that choose hosts or the size: tutti-run's in elastic mode.
 HOST_OPTIONS = ("-np", "-n", "-c", "--np", "-H", "-host", "--host", "-hostfile", "--hostfile",
@@ -132,7 +139,7 @@ def parse_args(argv):
         "stop_timeout": 0.0, "min_np": None, "max_np": None, "discovery_script": None,
         "hostfile": None, "elastic_dir": None, "ckpt_dir": os.environ.get("TUTTI_CKPT_DIR") or None,
         "discovery_interval": 5.0, "grow_interval": 60.0, "wait_timeout": 600.0,
-        "leaving_ttl": 600.0, "probe_timeout": 10.0,
+        "leaving_ttl": 600.0, "probe_timeout": 10.0, "probe_command": None,
     }
     i = 0
     while i < len(argv):

@@ -153,10 +153,12 @@ def record_matches(rec, host, local):
     return bool(addrs) and bool(_addresses(host) & addrs)
 
 
-def filter_leaving(hosts, elastic_dir, ttl, log, local):
+def filter_leaving(hosts, elastic_dir, ttl, log, local, logged=None):
     """Drops hosts named by a leaving record.  A record is removed once its
     host is no longer discovered (a replacement may reuse the name) or it is
-    older than ttl seconds."""
+    older than ttl seconds.  `logged` (a set) keeps each exclusion to one
+    log line."""
+    logged = set() if logged is None else logged
     records = read_leaving(elastic_dir)
     now = time.time()
     leaving = set()
@@ -175,18 +177,33 @@ def filter_leaving(hosts, elastic_dir, ttl, log, local):
                 pass
             continue
         for h in matched:
-            if h not in leaving:
-                log(f"excluding {h}: its ranks received a preemption notice "
-                    f"({rec.get('source', '?')}: {rec.get('reason', '')})".rstrip(": )") + ")")
+            key = (h, path, rec.get("time"))
+            if h not in leaving and key not in logged:
+                logged.add(key)
+                why = ": ".join(str(x) for x in (rec.get("source", "?"), rec.get("reason")) if x)
+                log(f"excluding {h}: its ranks received a preemption notice ({why})")
             leaving.add(h)
     return [(h, s) for h, s in hosts if h not in leaving], sorted(leaving)
 
 
 # ---- reachability -------------------------------------------------------------
 
+def probe_command(given, mpi_args, log):
+    """The probe's command words (HOST and 'true' follow), or None (no
+    probe): `given` (--probe-command), else the rsh agent mpirun will use."""
+    if given is not None:
+        return None if given == "none" else shlex.split(given)
+    agent = rsh_agent(mpi_args)
+    if agent is None:
+        log("inside a Slurm allocation mpirun starts its daemons through srun: hosts are not "
+            "probed (--probe-command to set a probe)")
+    return agent
+
+
 def rsh_agent(mpi_args):
     """The agent mpirun will use: --mca plm_rsh_agent X in the arguments,
-    else OMPI_MCA_plm_rsh_agent, else ssh (OpenMPI's default 'ssh : rsh')."""
+    else OMPI_MCA_plm_rsh_agent, else ssh (OpenMPI's default 'ssh : rsh');
+    None inside a Slurm allocation when none is set."""
     agent = None
     for i, a in enumerate(mpi_args[:-2]):
         if a in ("--mca", "-mca", "--gmca", "-gmca") and mpi_args[i + 1] in (
@@ -194,7 +211,10 @@ def rsh_agent(mpi_args):
             agent = mpi_args[i + 2]
     if agent is None:
         agent = (os.environ.get("OMPI_MCA_plm_rsh_agent") or
-                 os.environ.get("OMPI_MCA_orte_rsh_agent") or "ssh")
+                 os.environ.get("OMPI_MCA_orte_rsh_agent"))
+    if agent is None and os.environ.get("SLURM_JOB_ID"):
+        return None
+    agent = agent or "ssh"
     first = agent.split(":")[0].strip() or "ssh"
     words = shlex.split(first)
     if os.path.basename(words[0]) == "ssh":
@@ -205,12 +225,12 @@ def rsh_agent(mpi_args):
 
 def probe(hosts, agent, timeout, local):
     """{host: None (reachable) or 'reason'} for every host; this machine's
-    own names are not probed.  Probes run in parallel, each bounded by
+    own names are not probed, nor any host when agent is None.  Probes run in parallel, each bounded by
     timeout seconds."""
     result = {}
 
     def one(h):
-        if is_local(h, local):
+        if agent is None or is_local(h, local):
             result[h] = None
             return
         try:

@@ -17,6 +17,7 @@ COMM_FAILURE = 76  # tutti::kCommFailureExitCode (TUTTI_EXIT_ON_COMM_FAILURE)
 MAX_BACKOFF_S = 60.0
 PR_SET_PDEATHSIG = 1
 USR1_REPEAT_S = 2.0
+REPROBE_S = 30.0  # while a job runs, how often a host that failed a probe is tried again
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -88,11 +89,15 @@ class Runner:
         self.libc = _libc()
         self.journal = Journal(opts.get("elastic_dir") if opts.get("elastic") else None, log)
         self.local = H.local_names()
-        self.agent = H.rsh_agent(mpi_args)
+        self.agent = (H.probe_command(opts["probe_command"], mpi_args, log)
+                      if opts["elastic"] else None)
         self.np = None            # size of the running job (elastic mode)
         self.hosts = []           # its hosts [(host, slots)]
         self.resize_requested = False
         self.last_grow = -1e18
+        self.job_started = -1e18
+        self.logged_leaving = set()
+        self.unreachable = {}     # host -> when a running job may probe it again
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
         self.usr1_sent = -1e18
@@ -212,17 +217,27 @@ class Runner:
             self.discovery_failed = True
             return []
 
-    def usable_hosts(self, known=()):
+    def usable_hosts(self, known=(), running=False):
         """Discovered hosts that are not leaving and answer a probe (hosts in
-        `known` are not probed again)."""
+        `known` are not probed again).  While a job runs (`running`), a host
+        that failed a probe is probed again only after REPROBE_S and logged
+        once."""
         hosts, _ = H.filter_leaving(self.discover(), self.opts["elastic_dir"],
-                                    self.opts["leaving_ttl"], log, self.local)
-        todo = [h for h, _ in hosts if h not in known]
+                                    self.opts["leaving_ttl"], log, self.local,
+                                    self.logged_leaving)
+        now = time.monotonic()
+        skip = {h for h, until in self.unreachable.items() if running and until > now}
+        todo = [h for h, _ in hosts if h not in known and h not in skip]
         bad = {h: why for h, why in H.probe(todo, self.agent, self.opts["probe_timeout"],
                                             self.local).items() if why}
         for h, why in bad.items():
-            log(f"excluding {h}: unreachable ({why})")
-        return [(h, s) for h, s in hosts if h not in bad]
+            if not (running and h in self.unreachable):
+                log(f"excluding {h}: unreachable ({why})")
+            self.unreachable[h] = now + REPROBE_S
+        for h in todo:
+            if h not in bad:
+                self.unreachable.pop(h, None)
+        return [(h, s) for h, s in hosts if h not in bad and h not in skip]
 
     def wait_for_capacity(self):
         """Usable hosts with at least --min-np slots, or None after
@@ -256,9 +271,9 @@ class Runner:
         hi = self.opts["max_np"]
         if self.resize_requested or self.np >= hi:
             return
-        if time.monotonic() - self.last_grow < self.opts["grow_interval"]:
+        if time.monotonic() - max(self.last_grow, self.job_started) < self.opts["grow_interval"]:
             return
-        hosts = self.usable_hosts(known={h for h, _ in self.hosts})
+        hosts = self.usable_hosts(known={h for h, _ in self.hosts}, running=True)
         new_np = min(hi, sum(s for _, s in hosts))
         if new_np <= self.np:
             return
@@ -336,6 +351,7 @@ class Runner:
             self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason)
             self.usr1_wanted = self.notice is not None
             self.usr1_sent = -1e18
+            self.job_started = time.monotonic()
             try:
                 self.spawn(cmd)
             except OSError as e:

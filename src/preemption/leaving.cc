@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <ctime>
 #include <set>
@@ -21,8 +20,6 @@
 namespace tutti {
 namespace preempt {
 namespace {
-
-std::atomic<bool> g_written{false};
 
 std::string host_name() {
   char buf[256] = {0};
@@ -61,7 +58,7 @@ bool notice_is_node_local(const std::string& source, int signal_sender) {
 
 void record_leaving(const std::string& source, const std::string& reason) {
   const std::string dir = config::get_string("TUTTI_ELASTIC_DIR");
-  if (dir.empty() || g_written.exchange(true)) return;
+  if (dir.empty()) return;
   const std::string own = host_name();
   std::string host = config::get_string("TUTTI_ELASTIC_HOST");
   if (host.empty()) host = own;

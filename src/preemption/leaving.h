@@ -16,7 +16,7 @@ namespace preempt {
 // is the sender's pid (0 when the kernel or another pid namespace sent it).
 bool notice_is_node_local(const std::string& source, int signal_sender);
 
-// Writes the record for this host (once per process) when TUTTI_ELASTIC_DIR
+// Writes the record for this host when TUTTI_ELASTIC_DIR
 // is set: {"host", "names", "addresses", "source", "reason", "time", "job",
 // "pid"}; host = TUTTI_ELASTIC_HOST, else gethostname().  Never throws: a
 // failure is logged (the job still stops; tutti-run then finds the host by

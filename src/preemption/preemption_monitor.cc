@@ -56,6 +56,7 @@ class PreemptionMonitor::Impl {
   std::vector<std::unique_ptr<preempt::NoticeSource>> polled_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::atomic<int> kind_{0};
+  std::atomic<bool> leaving_recorded_{false};  // once per monitor (leaving.h)
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_thread_ = false;
@@ -190,7 +191,8 @@ void PreemptionMonitor::Impl::record(NoticeKind kind, const std::string& source,
   // tutti-run must not start the next run here.  A rebalance that only
   // saves keeps the node.
   if (node_local &&
-      (kind == NoticeKind::kStop || (kind == NoticeKind::kRebalance && stop_on_rebalance)))
+      (kind == NoticeKind::kStop || (kind == NoticeKind::kRebalance && stop_on_rebalance)) &&
+      !leaving_recorded_.exchange(true))
     preempt::record_leaving(source, detail.empty() ? notice_kind_name(kind) : detail);
 }
 

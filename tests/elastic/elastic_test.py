@@ -50,10 +50,12 @@ class Rig:
         e.update(extra or {})
         return e
 
-    def run(self, lo, hi, program, opts=(), env=None):
+    def run(self, lo, hi, program, opts=(), env=None, hostfile=False):
+        source = ["--hostfile", self.disc_out] if hostfile else \
+            ["--host-discovery-script", self.disc]
         cmd = [sys.executable, TUTTI_RUN, "--mpirun", MPIEXEC, "--min-np", str(lo),
-               "--max-np", str(hi), "--host-discovery-script", self.disc, "--backoff", "0",
-               "--discovery-interval", "0.3"] + list(opts) + ["--"] + MPI_OPTS + program
+               "--max-np", str(hi)] + source + ["--backoff", "0", "--discovery-interval",
+                                                "0.3"] + list(opts) + ["--"] + MPI_OPTS + program
         return Job(cmd, env=self.env(env), name="tutti-run")
 
     def train(self, steps, step_ms=100):
@@ -170,14 +172,24 @@ def case_wait(r):
         fail(f"wait: gave up after {took:.1f}s (--wait-timeout 2)")
     if [x["event"] for x in r.launches()] != ["wait", "gave-up"]:
         fail(f"wait: journal {r.launches()}")
-    # Capacity that appears while waiting is used.
-    r.hosts("hosta:1\n")
+    # Capacity that appears while waiting is used: a hostfile (Open MPI's
+    # syntax) re-read every --discovery-interval.
+    r.hosts("hosta slots=1\n")
     job = r.run(2, 4, ["sh", "-c", "echo SIZE=$OMPI_COMM_WORLD_SIZE"],
-                opts=["--wait-timeout", "60"])
+                opts=["--wait-timeout", "60"], hostfile=True)
     if job.wait_for(r"waiting up to 60 s", 30):
-        r.hosts("hosta:1\nhostb:2\n")
+        r.hosts("hosta slots=1\nhostb slots=2 # joined\n")
     if expect_rc(job, 0, "capacity while waiting") and job.output().count("SIZE=3") != 3:
         fail(f"wait: expected 3 ranks once hostb appeared:\n{job.output()[-2000:]}")
+    # A leaving record older than --leaving-ttl no longer excludes its host.
+    with open(os.path.join(r.edir, "leaving", "hostb"), "w") as f:
+        json.dump({"host": "hostb", "source": "gcp"}, f)
+    os.utime(os.path.join(r.edir, "leaving", "hostb"), (time.time() - 5, time.time() - 5))
+    job = r.run(3, 4, ["true"], opts=["--leaving-ttl", "2", "--wait-timeout", "0"],
+                hostfile=True)
+    if expect_rc(job, 0, "expired leaving record") and \
+            "leaving record for hostb removed (older than 2 s)" not in job.output():
+        fail(f"wait: the expired record was not reported:\n{job.output()[-2000:]}")
 
 
 def case_unreachable(r):
