@@ -100,18 +100,23 @@ def test_reference_run(reference):
     assert reference["commit"] == 6      # 3 mid-epoch commits + 3 epoch ends
 
 
-@pytest.mark.parametrize("fault", ["kill", "preempt"])
+@pytest.mark.parametrize("fault", ["kill", "preempt", "stall"])
 def test_fault_resumes_from_last_commit(tmp_path, reference, fault):
     """kill: rank 1 dies before epoch 1 batch 4 (last commit: epoch 1
     batch 3).  preempt: rank 1 gets SIGUSR1 before the commit at epoch 1
-    batch 3; every rank commits there and exits 75.  Either way tutti-run
-    restarts the job, which resumes at epoch 1 batch 3."""
-    hook = {"kill": {"ELASTIC_KILL": "1:1:4"}, "preempt": {"ELASTIC_PREEMPT": "1:1:3"}}[fault]
+    batch 3; every rank commits there and exits 75.  stall: rank 1 stops
+    before epoch 1 batch 4; rank 0's collective times out, and (without
+    TUTTI_EXIT_ON_COMM_FAILURE) elastic.run lets the error end the process.
+    Each time tutti-run restarts the job, which resumes at epoch 1 batch 3."""
+    hook = {"kill": {"ELASTIC_KILL": "1:1:4"}, "preempt": {"ELASTIC_PREEMPT": "1:1:3"},
+            "stall": {"ELASTIC_STALL": "1:1:4", "TUTTI_TIMEOUT": "10",
+                      "TUTTI_EXIT_ON_COMM_FAILURE": "0"}}[fault]
     env = job_env(tmp_path, **hook)
     log = run([sys.executable, TUTTI_RUN, "--backoff", "0", "--max-restarts", "1", "--"]
               + mpi_args(2, env)[1:], env, 0)
     expected_status = {"kill": "failed with status 9",
-                       "preempt": "stopped on a preemption notice"}[fault]
+                       "preempt": "stopped on a preemption notice",
+                       "stall": "the communicator cannot be repaired in this process"}[fault]
     assert expected_status in log
     ev = events(tmp_path)
     starts = sorted((e["restart"], e["rank"], e["epoch"], e["batch"], e["commit"], e["position"])

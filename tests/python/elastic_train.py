@@ -13,6 +13,9 @@ Test hooks (environment):
   ELASTIC_RESIZE     "epoch:batch:np[,epoch:batch:np...]": rank 0 writes
                      $TUTTI_ELASTIC_DIR/resize-requested {"np": np} before the
                      commit at that batch (as tutti-run does before a grow)
+  ELASTIC_STALL      "rank:epoch:batch": that rank stops (sleeps 120 s) before
+                     training that batch, in the first run only: the other
+                     ranks' collectives time out (TUTTI_TIMEOUT)
   ELASTIC_PREEMPT    "rank:epoch:batch": that rank sends itself SIGUSR1 (a
                      preemption notice) before the commit at that batch, in
                      the first run only
@@ -91,6 +94,7 @@ def main():
     kill = parse_points(os.environ.get("ELASTIC_KILL", ""))
     resizes = parse_points(os.environ.get("ELASTIC_RESIZE", ""))
     preempt = parse_points(os.environ.get("ELASTIC_PREEMPT", ""))
+    stall = parse_points(os.environ.get("ELASTIC_STALL", ""))
 
     def on_reset():
         for group in opt.param_groups:
@@ -126,6 +130,9 @@ def main():
                 if first_run and (hvd.rank(), state.epoch, state.batch) in kill:
                     event("kill", epoch=state.epoch, batch=state.batch)
                     os._exit(9)
+                if first_run and (hvd.rank(), state.epoch, state.batch) in stall:
+                    event("stall", epoch=state.epoch, batch=state.batch)
+                    time.sleep(120)
                 if any(p[1:] == (hvd.rank(), trained[0]) for p in lose):
                     path, _, text = os.environ.get("ELASTIC_LOSE_WRITE", "").partition("=")
                     if path:
