@@ -84,8 +84,9 @@ def monitor():
     return _objects["monitor"]
 
 
-def quiet_notices():
-    """Before exiting with 75: further SIGUSR1/SIGUSR2 are ignored.  tutti-run
+def exit_for_restart():
+    """After the final commit landed: SystemExit(75) through
+    tutti.exit_preempted(), ignoring further SIGUSR1/SIGUSR2.  tutti-run
     repeats its SIGUSR1 until the job has ended, and the monitor's handlers
     go when it closes (at interpreter exit at the latest): a repeat arriving
     during the teardown killed a rank that had committed (status 138)."""
@@ -97,6 +98,7 @@ def quiet_notices():
             signal.signal(sig, signal.SIG_IGN)
     except ValueError:      # not the main thread: Python cannot set handlers
         pass
+    _ckpt.exit_preempted()
 
 
 def resize_request():

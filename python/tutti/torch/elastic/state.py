@@ -129,9 +129,7 @@ class State:
         if _C.rank() == 0:
             _runtime.log(f"{interrupt.reason}: state committed as step {self._commit_step}; "
                          "exiting with 75 so tutti-run starts the job again")
-        _runtime.quiet_notices()
-        from ... import checkpoint as ckpt
-        ckpt.exit_preempted()
+        _runtime.exit_for_restart()
 
     def _finish(self):
         if _runtime._objects["manager"] is not None:
