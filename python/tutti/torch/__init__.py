@@ -20,7 +20,9 @@ Beyond Horovod: ``DistributedDataParallel`` (a DDP-style wrapper with
 ``tutti.torch.tensor_parallel`` (autograd Functions and modules over
 tutti's tensor-parallel layers), tutti's compressors
 (``Compression.bf16/topk/powersgd/onebit/auto``), and checkpoint helpers in
-``tutti.torch.checkpoint``.
+``tutti.torch.checkpoint``; Horovod elastic (``hvd.elastic.run``,
+``TorchState``, ``ElasticSampler``) on tutti checkpoints and tutti-run
+restarts in ``tutti.torch.elastic``.
 
 This module imports torch; ``tutti`` itself never does (the extension has no
 compile-time dependency on any framework: tensors cross through DLPack).
@@ -91,7 +93,8 @@ from .mpi_ops import (  # noqa: F401
     synchronize,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
-from . import checkpoint, tensor_parallel  # noqa: F401,E402
+from . import checkpoint, elastic, tensor_parallel  # noqa: F401,E402
+from .elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401,E402
 
 
 def world():
