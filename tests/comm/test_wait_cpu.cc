@@ -77,27 +77,23 @@ class WaitCpu : public ::testing::Test {
   }
 };
 
-TEST_F(WaitCpu, AgreementCheck) {
-  setenv("TUTTI_CHECK_COLLECTIVES", "1", 1);
+// An all-reduce with the agreement check on or off: the late peer is waited
+// for in the check (on) or in the data exchange (off).
+void late_allreduce(const char* check, const char* what) {
+  setenv("TUTTI_CHECK_COLLECTIVES", check, 1);
   config::reload();
   std::vector<float> v(1024, 1.0f);
   const Usage u = late_peer([&] {
     world()->allreduce(Tensor(v.data(), DType::kFloat32, Shape{1024}), ReduceOp::kSum);
   });
-  report("allreduce (agreement check)", u);
+  report(what, u);
   EXPECT_EQ(v[0], 2.0f);
-}
-
-TEST_F(WaitCpu, DataExchange) {
-  setenv("TUTTI_CHECK_COLLECTIVES", "0", 1);
-  config::reload();
-  std::vector<float> v(1024, 1.0f);
-  const Usage u = late_peer([&] {
-    world()->allreduce(Tensor(v.data(), DType::kFloat32, Shape{1024}), ReduceOp::kSum);
-  });
-  report("allreduce (no check)", u);
   EXPECT_EQ(v[1023], 2.0f);
 }
+
+TEST_F(WaitCpu, AgreementCheck) { late_allreduce("1", "allreduce (agreement check)"); }
+
+TEST_F(WaitCpu, DataExchange) { late_allreduce("0", "allreduce (no check)"); }
 
 TEST_F(WaitCpu, PointToPoint) {
   std::vector<int32_t> v(16, world()->rank() == 1 ? 7 : 0);
