@@ -65,6 +65,11 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_FIRST_BUCKET_MB", "float", "1",
      "Cap of the first bucket (the last layers' gradients), so communication "
      "starts early in the backward pass; 0 uses TUTTI_BUCKET_MB."},
+    {"TUTTI_LEARN_BUCKET_ORDER", "bool", "1",
+     "After the first reducing step, re-plan the data-parallel buckets in "
+     "the order gradients became ready (rank 0's order), so buckets fill "
+     "and launch during the backward pass; 0 keeps reverse registration "
+     "order. Must agree across ranks."},
     {"TUTTI_HIERARCHICAL", "bool", "0",
      "Hierarchical all-reduce: reduce-scatter within the node, all-reduce "
      "across nodes, all-gather within the node (nodes of unequal size: "
