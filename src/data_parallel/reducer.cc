@@ -185,6 +185,11 @@ void ReducerImpl::allocate_bucket(Bucket& b) {
         l.device.index, b.chunks.data(), b.chunks.size() * sizeof(b.chunks[0]));
     b.joined.reset(new cuda::Event(l.device.index));
     ++stats_.buffer_allocations;
+    if (hier_) {
+      b.side.reset(new cuda::Stream(l.device.index));
+      b.launched.reset(new cuda::Event(l.device.index));
+      b.reduced.reset(new cuda::Event(l.device.index));
+    }
   }
 #endif
   b.pending = static_cast<int>(l.slots.size());

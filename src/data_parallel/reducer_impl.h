@@ -72,6 +72,13 @@ struct Bucket {
 #if TUTTI_WITH_CUDA
   cuda::DeviceBuffer device_chunks;     // the chunk table, for the kernel
   std::unique_ptr<cuda::Event> joined;  // joins a second producer stream
+  // Hierarchical mode: the three collectives run ordered on `side`, which
+  // waits for `launched` (recorded on `stream` at launch) and records
+  // `reduced`, which the write-back waits for.  So each stage's Work::wait()
+  // holds up the side stream, never the producer's (compute) stream.
+  std::unique_ptr<cuda::Stream> side;
+  std::unique_ptr<cuda::Event> launched;
+  std::unique_ptr<cuda::Event> reduced;
 #endif
   int pending = 0;          // slots not yet filled in this pass
   void* stream = nullptr;   // CUDA: stream the bucket is ordered on
@@ -79,6 +86,7 @@ struct Bucket {
   int64_t launch_step = 0;  // step number handed to the compressor
   float launch_grad_scale = 1.0f;  // gradient scale handed to the compressor
   WorkPtr work;             // kFlat: the all-reduce in flight
+  WorkPtr cross_work;       // kHierarchical: cross-node all-reduce in flight
 };
 
 }  // namespace dp
@@ -119,6 +127,9 @@ class ReducerImpl {
   void mark_filled(dp::Bucket& b, bool early);
   void launch(int bucket, bool early);
   void run_on_worker(int bucket);
+  void* hier_stream(dp::Bucket& b);
+  void hier_begin(dp::Bucket& b);
+  void hier_finish(dp::Bucket& b);
   void fill_missing(dp::Bucket& b, void* stream);
   void fill_slot(dp::Param& p, dp::Bucket& b);
   void fill_early(dp::Param& p, void* stream);

@@ -153,6 +153,9 @@ void ReducerImpl::launch(int index, bool early) {
   if (early) ++stats_.buckets_launched_early;
   stats_.bytes_reduced += static_cast<int64_t>(b.plan.bytes);
   if (mode_ != Mode::kFlat) {
+#if TUTTI_WITH_CUDA
+    if (b.launched) b.launched->record(static_cast<cudaStream_t>(b.stream));
+#endif
     worker_->enqueue(index);
     return;
   }
@@ -180,7 +183,42 @@ void ReducerImpl::run_on_worker(int index) {
     opt_.compressor->allreduce(index, b.buffer->view(b.plan.layout.numel), ctx);
     return;
   }
-  hier_->allreduce_sum(b.buffer->view(), b.shard.view(), b.op_name, b.stream);
+  // Pipelined across buckets: begin(k) (node stage, cross-node all-reduce
+  // started), then finish(k - 1), so the cross-node all-reduce of bucket
+  // k - 1 runs during bucket k's node stage.  Every rank runs the halves in
+  // this fixed order (never in an order that depends on timing), so the
+  // node and cross-node communicators see the same sequence everywhere.
+  // wait_bucket(k) therefore waits for job k + 1.
+  hier_begin(b);
+  if (index > 0) hier_finish(buckets_[static_cast<size_t>(index - 1)]);
+  if (index + 1 == static_cast<int>(buckets_.size())) hier_finish(b);
+}
+
+// CUDA: the stages run on the bucket's side stream, which first waits for
+// the producer's copies (Bucket::side); host buckets use no stream.
+void* ReducerImpl::hier_stream(Bucket& b) {
+#if TUTTI_WITH_CUDA
+  if (b.side) return b.side->get();
+#endif
+  return b.stream;
+}
+
+void ReducerImpl::hier_begin(Bucket& b) {
+  cuda::OptionalDeviceGuard device(b.plan.layout.device);
+#if TUTTI_WITH_CUDA
+  if (b.side)
+    TUTTI_CUDA_CHECK(cudaStreamWaitEvent(b.side->get(), b.launched->get(), 0));
+#endif
+  b.cross_work = hier_->begin(b.buffer->view(), b.shard.view(), b.op_name, hier_stream(b));
+}
+
+void ReducerImpl::hier_finish(Bucket& b) {
+  cuda::OptionalDeviceGuard device(b.plan.layout.device);
+  WorkPtr cross = std::move(b.cross_work);
+  hier_->finish(b.buffer->view(), b.shard.view(), b.op_name, hier_stream(b), cross);
+#if TUTTI_WITH_CUDA
+  if (b.side) b.reduced->record(b.side->get());
+#endif
 }
 
 void ReducerImpl::fill_missing(Bucket& b, void* stream) {
@@ -210,7 +248,10 @@ void ReducerImpl::fill_slot(dp::Param& p, Bucket& b) {
 
 void ReducerImpl::wait_bucket(int index) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
-  if (mode_ != Mode::kFlat) {
+  if (mode_ == Mode::kHierarchical) {
+    // Bucket k is finished by job k + 1 (run_on_worker), when launched.
+    worker_->wait(index + 1 < next_launch_ ? index + 1 : index);
+  } else if (mode_ != Mode::kFlat) {
     worker_->wait(index);  // host-side only
   } else if (b.work) {
     cuda::OptionalDeviceGuard device(b.plan.layout.device);  // stream waits
@@ -234,6 +275,8 @@ void ReducerImpl::write_back(Bucket& b, void* stream) {
 #if TUTTI_WITH_CUDA
   cuda::DeviceGuard g(l.device.index);
   const cudaStream_t s = static_cast<cudaStream_t>(b.stream);
+  if (b.side && mode_ == Mode::kHierarchical)  // the reduction ran on b.side
+    TUTTI_CUDA_CHECK(cudaStreamWaitEvent(s, b.reduced->get(), 0));
   if (!nothing_to_do)
     kernels::launch_unflatten_scale(
       b.buffer->data(), l.dtype,
@@ -324,6 +367,18 @@ void ReducerImpl::abandon_step() noexcept {
   }
   try {
     if (worker_) worker_->drain();
+    // Hierarchical: a cross-node all-reduce whose bucket was never finished
+    // must end before the buffers are reused.
+    for (auto& b : buckets_)
+      if (b.cross_work) {
+        try {
+          b.cross_work->wait();
+        } catch (const std::exception& e) {
+          TUTTI_LOG(kDebug) << "Reducer '" << opt_.name << "': dropping "
+                            << b.op_name << "'s cross-node all-reduce: " << e.what();
+        }
+        b.cross_work.reset();
+      }
     reset_step();
   } catch (const std::exception& e) {
     TUTTI_LOG(kError) << "Reducer '" << opt_.name
@@ -337,6 +392,7 @@ void ReducerImpl::reset_step() {
     b.stream = nullptr;
     b.stream_set = false;
     b.work.reset();
+    b.cross_work.reset();
   }
   for (auto& p : params_) {
     p.seen = false;
