@@ -26,12 +26,16 @@
 //    when gradient i is final; parameters may become ready in any order and
 //    in different orders on different ranks (buckets are launched in bucket
 //    order on every rank, so collectives always match).
+//  * Bucket order: after the first reducing step the buckets are re-planned
+//    in the observed ready order (learn_bucket_order); buckets() and, with
+//    gradient_as_bucket_view, gradient(i) change then, once.
 //  * Unused parameters: a gradient not marked ready in a reducing pass
 //    contributes its current content if it was marked ready in an earlier
 //    pass of the same step (accumulation), else ZERO.  synchronize() fills
 //    and launches the missing buckets in order; no error, no deadlock.  The
 //    result is written to every registered gradient, used or not, and is the
-//    same on every rank.
+//    same on every rank.  mark_unused() (find_unused_parameters) or
+//    static_graph fill such slots early, so their buckets need not wait.
 //  * Accumulation: gradients accumulate in the caller's tensors (as in
 //    PyTorch, backward adds into .grad).  Passes inside a no_sync() scope,
 //    and the first backward_passes_per_step - 1 passes of a step, do not
@@ -43,7 +47,8 @@
 //    a non-finite check after synchronize() (AMP loss scaling) agrees across
 //    the data-parallel group without another collective.
 //  * Memory: fusion buffers are allocated by build() and reused; steps do
-//    not allocate buffers (stats().buffer_allocations stays constant).
+//    not allocate buffers (stats().buffer_allocations stays constant after
+//    the first reducing step, which may re-plan the buckets once).
 //  * CUDA gradients: copies, the all-reduce (NCCL, on the communicator's
 //    stream, ordered after the caller's stream by events) and the write-back
 //    kernel are stream-ordered; the host never waits for the GPU.  The
@@ -103,10 +108,38 @@ struct ReducerOptions {
   ReduceOp op = ReduceOp::kAvg;
   // Names the reducer in errors and operation names ("dp bucket 3").
   std::string name = "dp";
+  // Learned bucket order (TUTTI_LEARN_BUCKET_ORDER; default on): the first
+  // reducing synchronize() records the order in which this rank's gradients
+  // became ready, takes rank 0's order (one broadcast), and re-plans the
+  // buckets in it (parameters never ready go last), so that later steps
+  // fill bucket 0 first and every bucket launches as soon as it is complete
+  // (buckets launch in bucket order on every rank: a bucket never overtakes
+  // an earlier one, which is why the order matters).  Must agree across
+  // ranks.  Ignored with a compressor (its per-bucket state would be lost).
+  bool learn_bucket_order = true;
+  // The caller reports the parameters a pass will not produce with
+  // mark_unused() (tutti.torch's DDP searches the autograd graph each
+  // forward); their slots are filled at once, so their buckets need not wait
+  // for synchronize().  Without it mark_unused() is refused.
+  bool find_unused_parameters = false;
+  // Every reducing pass uses the same parameters: those not ready in the
+  // first reducing pass are marked unused at the start of every later
+  // reducing pass (no search).  A pass that then produces one of them fails
+  // with kInvalidArgument on that rank.  May differ across ranks.
+  bool static_graph = false;
+  // Gradients live in the buckets (PyTorch DDP's gradient_as_bucket_view):
+  // after build(), gradient(i) is parameter i's slice of its bucket and the
+  // only gradient memory the reducer reads or writes: no copy into the
+  // bucket, no copy back (the average is formed in place).  add_parameter()
+  // may then pass an undefined gradient; a defined one only seeds the
+  // slice's content at build().  gradient(i) moves once if the learned order
+  // rebuilds the buckets (stats().bucket_rebuilds; content carried over).
+  bool gradient_as_bucket_view = false;
 
   // The defaults above with the TUTTI_* settings applied: TUTTI_BUCKET_MB,
-  // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, and TUTTI_COMPRESSION (a
-  // compressor from make_compressor() unless it is "none").
+  // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_LEARN_BUCKET_ORDER, and
+  // TUTTI_COMPRESSION (a compressor from make_compressor() unless it is
+  // "none").
   TUTTI_API static ReducerOptions from_env();
 };
 
@@ -120,6 +153,10 @@ struct ReducerStats {
   double wait_seconds = 0;          // synchronize() blocked on communication
   double writeback_seconds = 0;     // the fused write-back (host time)
   int64_t buffer_allocations = 0;   // fusion/staging buffers ever allocated
+  int64_t bucket_rebuilds = 0;      // re-plans in the learned order (0 or 1)
+  int64_t bytes_copied_in = 0;      // gradient bytes copied into buckets
+  int64_t bytes_copied_out = 0;     // bucket bytes written back to gradients
+  int64_t marked_unused = 0;        // slots filled early (mark_unused, static)
 };
 
 class Reducer;
@@ -173,6 +210,21 @@ class TUTTI_API Reducer : public Stateful {
   // buckets before it were launched.  In an accumulation pass it is only
   // recorded.  Never blocks on communication.
   void grad_ready(int index, void* stream = nullptr);
+
+  // Gradient `index` will not be produced in this pass (find_unused_
+  // parameters): in a reducing pass its slot is filled at once (its
+  // accumulated value if an earlier pass of the step produced it, else
+  // zero), so its bucket can launch during the backward pass.  A later
+  // grad_ready(index) in the same pass is kInvalidArgument.
+  void mark_unused(int index, void* stream = nullptr);
+
+  // The gradient tensor the reducer reads and writes for parameter `index`:
+  // the registered one, or with gradient_as_bucket_view its slice of the
+  // bucket (after build()).  gradient_storage() keeps that memory alive
+  // (for exporters such as the Python bindings) even past a bucket rebuild
+  // or the reducer's end.
+  Tensor gradient(int index) const;
+  std::shared_ptr<const void> gradient_storage(int index) const;
 
   // Ends a backward pass.  Returns true when this pass reduced: every
   // registered gradient then holds the group average (or sum), bit-identical

@@ -47,6 +47,10 @@ pyb::dict stats_dict(const ReducerStats& s) {
   d["wait_seconds"] = s.wait_seconds;
   d["writeback_seconds"] = s.writeback_seconds;
   d["buffer_allocations"] = s.buffer_allocations;
+  d["bucket_rebuilds"] = s.bucket_rebuilds;
+  d["bytes_copied_in"] = s.bytes_copied_in;
+  d["bytes_copied_out"] = s.bytes_copied_out;
+  d["marked_unused"] = s.marked_unused;
   return d;
 }
 
@@ -94,7 +98,10 @@ void bind_dp(pyb::module_& m) {
                         std::optional<double> first_bucket_cap_mb,
                         int backward_passes_per_step, std::optional<bool> hierarchical,
                         int hierarchical_node_size, pyb::object compressor,
-                        pyb::object op, std::string name) {
+                        pyb::object op, std::string name,
+                        std::optional<bool> learn_bucket_order,
+                        bool find_unused_parameters, bool static_graph,
+                        bool gradient_as_bucket_view) {
              ReducerOptions o = ReducerOptions::from_env();
              if (bucket_cap_mb) o.bucket_cap_mb = *bucket_cap_mb;
              if (first_bucket_cap_mb) o.first_bucket_cap_mb = *first_bucket_cap_mb;
@@ -111,6 +118,10 @@ void bind_dp(pyb::module_& m) {
              }
              o.op = parse_grad_op(op);
              o.name = std::move(name);
+             if (learn_bucket_order) o.learn_bucket_order = *learn_bucket_order;
+             o.find_unused_parameters = find_unused_parameters;
+             o.static_graph = static_graph;
+             o.gradient_as_bucket_view = gradient_as_bucket_view;
              return std::make_shared<Reducer>(std::move(group), o);
            }),
            pyb::arg("group"), pyb::kw_only(), pyb::arg("bucket_cap_mb") = pyb::none(),
@@ -118,9 +129,15 @@ void bind_dp(pyb::module_& m) {
            pyb::arg("backward_passes_per_step") = 1,
            pyb::arg("hierarchical") = pyb::none(), pyb::arg("hierarchical_node_size") = 0,
            pyb::arg("compressor") = pyb::none(), pyb::arg("op") = "avg",
-           pyb::arg("name") = "dp",
+           pyb::arg("name") = "dp", pyb::arg("learn_bucket_order") = pyb::none(),
+           pyb::arg("find_unused_parameters") = false, pyb::arg("static_graph") = false,
+           pyb::arg("gradient_as_bucket_view") = false,
            "Options left None take their TUTTI_* setting (TUTTI_BUCKET_MB, "
-           "TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_COMPRESSION).  "
+           "TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_COMPRESSION, "
+           "TUTTI_LEARN_BUCKET_ORDER).  gradient_as_bucket_view: gradients "
+           "live in the buckets (gradient(i)); find_unused_parameters: "
+           "mark_unused() fills a slot early; static_graph: the parameters "
+           "unused in the first step are filled early in every later one.  "
            "compressor: a tutti.Compressor, a name ('powersgd'; 'none' for "
            "none), or None for the setting.  op: 'avg' or 'sum'.")
       .def("add_parameter",
@@ -128,11 +145,14 @@ void bind_dp(pyb::module_& m) {
              const std::string pn = "parameter '" + name + "'";
              const std::string gn = "gradient of '" + name + "'";
              PyTensor p = import_tensor(param, pn.c_str());
-             PyTensor g = import_tensor(grad, gn.c_str());
+             // None: no gradient tensor (gradient_as_bucket_view only).
+             PyTensor g;
+             if (!grad.is_none()) g = import_tensor(grad, gn.c_str());
              const int index = self.cast<Reducer&>().add_parameter(name, p.tensor, g.tensor);
              if (!pyb::hasattr(self, "_tensors")) self.attr("_tensors") = pyb::list();
              pyb::list keep = self.attr("_tensors");
              for (const PyTensor* t : {&p, &g}) {
+               if (!t->capsule) continue;
                keep.append(t->capsule);
                keep.append(t->owner);
              }
@@ -140,8 +160,26 @@ void bind_dp(pyb::module_& m) {
            },
            pyb::arg("name"), pyb::arg("param"), pyb::arg("grad"),
            "Registers a parameter and the tensor its gradient accumulates in "
-           "(both stay referenced while the reducer lives).  Returns the index "
-           "grad_ready() takes.")
+           "(both stay referenced while the reducer lives; grad may be None "
+           "with gradient_as_bucket_view).  Returns the index grad_ready() "
+           "takes.")
+      .def("mark_unused", [](Reducer& r, int index, int64_t stream) {
+        pyb::gil_scoped_release nogil;
+        r.mark_unused(index, as_stream(stream));
+      }, pyb::arg("index"), pyb::arg("stream") = 0,
+         "Gradient `index` will not be produced in this pass "
+         "(find_unused_parameters): its slot is filled now, so its bucket "
+         "can launch during backward.")
+      .def("gradient", [](std::shared_ptr<Reducer> r, int index) {
+        const Tensor t = r->gradient(index);
+        std::shared_ptr<const void> owner = r->gradient_storage(index);
+        if (!owner) owner = r;
+        return export_tensor(t, std::move(owner));
+      }, pyb::arg("index"),
+         "DLPack capsule of the gradient the reducer reduces for parameter "
+         "`index`: with gradient_as_bucket_view its slice of the bucket "
+         "(torch.from_dlpack(...) aliases it; the memory lives as long as the "
+         "view).")
       .def("build", [](Reducer& r) {
         pyb::gil_scoped_release nogil;
         r.build();
@@ -210,12 +248,17 @@ void bind_dp(pyb::module_& m) {
         d["compressor"] = o.compressor ? pyb::cast(o.compressor) : pyb::none();
         d["op"] = std::string(reduce_op_name(o.op));
         d["name"] = o.name;
+        d["learn_bucket_order"] = o.learn_bucket_order;
+        d["find_unused_parameters"] = o.find_unused_parameters;
+        d["static_graph"] = o.static_graph;
+        d["gradient_as_bucket_view"] = o.gradient_as_bucket_view;
         return d;
       })
       .def("stats", [](Reducer& r) { return stats_dict(r.stats()); },
            "Counters: steps, accumulation_passes, buckets_reduced, "
            "buckets_launched_early, bytes_reduced, unready_gradients, "
-           "wait_seconds, writeback_seconds, buffer_allocations.")
+           "wait_seconds, writeback_seconds, buffer_allocations, "
+           "bucket_rebuilds, bytes_copied_in, bytes_copied_out, marked_unused.")
       .def("__repr__", [](Reducer& r) {
         return "<tutti.Reducer '" + r.options().name + "' " +
                std::to_string(r.num_parameters()) + " parameters>";

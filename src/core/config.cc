@@ -39,6 +39,13 @@ const std::vector<SettingInfo> kSettings = {
      "tutti needs multiple and refuses to start below it (init() raises "
      "naming both levels); the lower values (serialized, funneled, single) "
      "exist to test that refusal."},
+    {"TUTTI_MPI_WAIT_SLEEP_US", "int", "1000",
+     "Longest sleep in microseconds between two polls of a pending MPI "
+     "request: a wait spins briefly, yields for 200 us, then sleeps with "
+     "exponential backoff (20 us doubling up to this), so a long wait costs "
+     "little CPU; a completion is noticed at most one sleep late. 0: yield "
+     "between polls for the whole wait (a busy wait: lowest latency, a core "
+     "per waiting thread)."},
     {"TUTTI_EXIT_ON_COMM_FAILURE", "bool", "0",
      "When a communicator breaks because a peer or the network failed (a "
      "timeout, an NCCL asynchronous error), log the error and end the "
@@ -58,6 +65,11 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_FIRST_BUCKET_MB", "float", "1",
      "Cap of the first bucket (the last layers' gradients), so communication "
      "starts early in the backward pass; 0 uses TUTTI_BUCKET_MB."},
+    {"TUTTI_LEARN_BUCKET_ORDER", "bool", "1",
+     "After the first reducing step, re-plan the data-parallel buckets in "
+     "the order gradients became ready (rank 0's order), so buckets fill "
+     "and launch during the backward pass; 0 keeps reverse registration "
+     "order. Must agree across ranks."},
     {"TUTTI_HIERARCHICAL", "bool", "0",
      "Hierarchical all-reduce: reduce-scatter within the node, all-reduce "
      "across nodes, all-gather within the node (nodes of unequal size: "

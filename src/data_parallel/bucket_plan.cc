@@ -15,10 +15,25 @@ size_t mib_to_bytes(double mib) {
   return bytes < 1 ? 1 : static_cast<size_t>(bytes);
 }
 
+std::vector<int> reverse_order(int n) {
+  std::vector<int> order(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) order[static_cast<size_t>(i)] = n - 1 - i;
+  return order;
+}
+
 std::vector<PlannedBucket> plan_buckets(const std::vector<ParamSpec>& params,
                                         size_t cap_bytes,
                                         size_t first_cap_bytes) {
+  return plan_buckets(params, reverse_order(static_cast<int>(params.size())),
+                      cap_bytes, first_cap_bytes);
+}
+
+std::vector<PlannedBucket> plan_buckets(const std::vector<ParamSpec>& params,
+                                        const std::vector<int>& order,
+                                        size_t cap_bytes,
+                                        size_t first_cap_bytes) {
   TUTTI_CHECK(cap_bytes > 0);
+  TUTTI_CHECK_EQ(order.size(), params.size());
   if (first_cap_bytes == 0) first_cap_bytes = cap_bytes;
   struct Open {
     int bucket = -1;   // open bucket for this key, -1: none
@@ -28,7 +43,8 @@ std::vector<PlannedBucket> plan_buckets(const std::vector<ParamSpec>& params,
   using Key = std::tuple<int, int, int>;  // dtype, device type, device index
   std::map<Key, Open> open;
   std::vector<PlannedBucket> buckets;
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+  for (const int i : order) {
+    TUTTI_CHECK(i >= 0 && static_cast<size_t>(i) < params.size());
     const ParamSpec& p = params[static_cast<size_t>(i)];
     Open& o = open[Key(static_cast<int>(p.dtype), static_cast<int>(p.device.type),
                        p.device.index)];

@@ -53,6 +53,11 @@ Tensor FusionBuffer::view(int64_t numel) const {
   return Tensor(data_, dtype_, Shape{numel}, device_);
 }
 
+Tensor FusionBuffer::slice(int64_t offset, const Shape& shape) const {
+  TUTTI_CHECK_LE(offset + shape.numel(), numel_);
+  return Tensor(shape.numel() ? at(offset) : nullptr, dtype_, shape, device_);
+}
+
 void FusionBuffer::copy_in(int64_t offset, const Tensor& src, void* stream) {
   TUTTI_CHECK_LE(offset + src.numel(), numel_);
   if (src.nbytes() == 0) return;

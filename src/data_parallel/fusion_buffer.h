@@ -35,6 +35,10 @@ class FusionBuffer {
   // The first `numel` elements as a tensor.
   Tensor view(int64_t numel) const;
   Tensor view() const { return view(numel_); }
+  // Elements [offset, offset + shape.numel()) as a tensor of `shape`.
+  Tensor slice(int64_t offset, const Shape& shape) const;
+  // The address of element `offset`.
+  void* at(int64_t offset) const;
 
   // buffer[offset, offset + src.numel()) = src.
   void copy_in(int64_t offset, const Tensor& src, void* stream);
@@ -44,7 +48,6 @@ class FusionBuffer {
   void zero(int64_t offset, int64_t numel, void* stream);
 
  private:
-  void* at(int64_t offset) const;
   Device device_ = Device::cpu();
   DType dtype_ = DType::kFloat32;
   int64_t numel_ = 0;

@@ -43,32 +43,45 @@ int64_t HierarchicalAllreduce::shard_numel(int64_t padded) const {
   return equal_ ? padded / node_->size() : 0;
 }
 
-void HierarchicalAllreduce::allreduce_sum(const Tensor& bucket,
-                                          const Tensor& shard,
-                                          const std::string& name,
-                                          void* stream) {
+WorkPtr HierarchicalAllreduce::begin(const Tensor& bucket, const Tensor& shard,
+                                     const std::string& name, void* stream) {
   OpOptions o;
   o.stream = stream;
   if (equal_) {
     TUTTI_CHECK_EQ(shard.numel() * node_->size(), bucket.numel());
     o.name = name + " (node reduce-scatter)";
     node_->reduce_scatter(bucket, shard, ReduceOp::kSum, o);
-    if (cross_->size() > 1) {
-      o.name = name + " (cross-node all-reduce)";
-      cross_->allreduce(shard, ReduceOp::kSum, o);
-    }
+    if (cross_->size() == 1) return nullptr;
+    o.name = name + " (cross-node all-reduce)";
+    return cross_->allreduce_async(shard, shard, ReduceOp::kSum, o);
+  }
+  o.name = name + " (node all-reduce)";
+  node_->allreduce(bucket, ReduceOp::kSum, o);
+  if (node_->rank() != 0 || cross_->size() == 1) return nullptr;
+  o.name = name + " (leader all-reduce)";
+  return cross_->allreduce_async(bucket, bucket, ReduceOp::kSum, o);
+}
+
+void HierarchicalAllreduce::finish(const Tensor& bucket, const Tensor& shard,
+                                   const std::string& name, void* stream,
+                                   const WorkPtr& cross) {
+  if (cross) cross->wait();
+  OpOptions o;
+  o.stream = stream;
+  if (equal_) {
     o.name = name + " (node all-gather)";
     node_->allgather(shard, bucket, o);
     return;
   }
-  o.name = name + " (node all-reduce)";
-  node_->allreduce(bucket, ReduceOp::kSum, o);
-  if (node_->rank() == 0 && cross_->size() > 1) {
-    o.name = name + " (leader all-reduce)";
-    cross_->allreduce(bucket, ReduceOp::kSum, o);
-  }
   o.name = name + " (node broadcast)";
   node_->broadcast(bucket, 0, o);
+}
+
+void HierarchicalAllreduce::allreduce_sum(const Tensor& bucket,
+                                          const Tensor& shard,
+                                          const std::string& name,
+                                          void* stream) {
+  finish(bucket, shard, name, stream, begin(bucket, shard, name, stream));
 }
 
 }  // namespace dp

@@ -45,6 +45,19 @@ class HierarchicalAllreduce {
   void allreduce_sum(const Tensor& bucket, const Tensor& shard,
                      const std::string& name, void* stream);
 
+  // allreduce_sum() in two halves, so that a caller can pipeline buckets:
+  // begin() runs the node stage and starts the cross-node all-reduce
+  // without waiting (its Work; null when this rank has no cross-node part);
+  // finish() waits for it and runs the node all-gather / broadcast.  Every
+  // rank must call the halves of all buckets in the same order (the reducer:
+  // begin(k), finish(k - 1), so the cross-node all-reduce of bucket k - 1
+  // overlaps the node stage of bucket k).  The buffers stay in use until
+  // finish() returned.
+  WorkPtr begin(const Tensor& bucket, const Tensor& shard, const std::string& name,
+                void* stream);
+  void finish(const Tensor& bucket, const Tensor& shard, const std::string& name,
+              void* stream, const WorkPtr& cross);
+
  private:
   ProcessGroupPtr node_;
   ProcessGroupPtr cross_;  // same local rank on every node (null if unused)

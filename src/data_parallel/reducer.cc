@@ -22,6 +22,7 @@ ReducerOptions ReducerOptions::from_env() {
   o.bucket_cap_mb = config::get_double("TUTTI_BUCKET_MB");
   o.first_bucket_cap_mb = config::get_double("TUTTI_FIRST_BUCKET_MB");
   o.hierarchical = config::get_bool("TUTTI_HIERARCHICAL");
+  o.learn_bucket_order = config::get_bool("TUTTI_LEARN_BUCKET_ORDER");
   // "none" keeps the plain averaging all-reduce (no compressor thread).
   const std::string compression = config::get_string("TUTTI_COMPRESSION");
   if (compression != "none") o.compressor = make_compressor(compression);
@@ -63,6 +64,9 @@ ReducerImpl::ReducerImpl(ProcessGroupPtr group, ReducerOptions options)
   TUTTI_ARG_CHECK(!opt_.compressor || opt_.op == ReduceOp::kAvg, "Reducer '", n,
                   "': a compressor returns the average; op must be avg, got ",
                   reduce_op_name(opt_.op));
+  TUTTI_ARG_CHECK(!(opt_.find_unused_parameters && opt_.static_graph), "Reducer '",
+                  n, "': find_unused_parameters searches every pass, static_graph "
+                  "never does; set one of them");
   if (opt_.compressor && opt_.hierarchical)
     TUTTI_LOG(kWarn) << "Reducer '" << n << "': compressor '"
                      << opt_.compressor->name()
@@ -83,7 +87,10 @@ ReducerImpl::~ReducerImpl() {
 
 void ReducerImpl::release_buckets() {
   for (auto& b : buckets_) {
-    b.buffer.release(pool_);
+    // An exported gradient view (gradient_as_bucket_view) may still hold
+    // the memory: then it is freed with the last view, not pooled.
+    if (b.buffer.use_count() == 1) b.buffer->release(pool_);
+    b.buffer.reset();
     b.shard.release(pool_);
   }
   buckets_.clear();
@@ -99,18 +106,27 @@ int ReducerImpl::add_parameter(const std::string& name, const Tensor& param,
   TUTTI_ARG_CHECK(by_name_.find(name) == by_name_.end(), ctx,
                   ": a parameter of this name was already registered (#",
                   by_name_[name], ")");
+  // With gradient_as_bucket_view the gradient lives in the bucket: no
+  // gradient tensor (a default Tensor) stands for "the parameter's dtype,
+  // zeros".
+  const bool absent = opt_.gradient_as_bucket_view && grad.data() == nullptr &&
+                      grad.numel() == 0 && grad.shape() != param.shape();
   TUTTI_ARG_CHECK(param.defined() && grad.defined(), ctx,
                   ": parameter ", param.str(), " and gradient ", grad.str(),
                   " must both have memory");
-  TUTTI_ARG_CHECK(param.numel() == grad.numel(), ctx, ": gradient ", grad.str(),
-                  " has ", grad.numel(), " elements, the parameter ", param.str(),
-                  " has ", param.numel());
-  TUTTI_ARG_CHECK(param.device() == grad.device(), ctx, ": gradient on ",
-                  grad.device().str(), " but parameter on ", param.device().str());
+  if (!absent) {
+    TUTTI_ARG_CHECK(param.numel() == grad.numel(), ctx, ": gradient ", grad.str(),
+                    " has ", grad.numel(), " elements, the parameter ", param.str(),
+                    " has ", param.numel());
+    TUTTI_ARG_CHECK(param.device() == grad.device(), ctx, ": gradient on ",
+                    grad.device().str(), " but parameter on ", param.device().str());
+  }
   dp::Param p;
   p.name = name;
   p.param = param;
   p.grad = grad;
+  p.grad_absent = absent;
+  p.grad_dtype = absent ? param.dtype() : grad.dtype();
   const int index = static_cast<int>(params_.size());
   params_.push_back(std::move(p));
   by_name_.emplace(name, index);
@@ -128,10 +144,13 @@ void ReducerImpl::check_plan_agrees() {
       detail::cat("mode=", mode_name()),
       detail::cat("hierarchical_node_size=", opt_.hierarchical_node_size),
       detail::cat("compressor=", opt_.compressor ? opt_.compressor->name() : "none"),
+      detail::cat("learn_bucket_order=", opt_.learn_bucket_order),
   };
   std::vector<std::string> entries;
   entries.reserve(params_.size());
-  for (const auto& p : params_) entries.push_back(describe_tensor_entry(p.name, p.grad, &p.param));
+  for (const auto& p : params_)
+    entries.push_back(describe_tensor_entry(p.name, p.grad_absent ? p.param : p.grad,
+                                            &p.param));
   dp::check_lists_agree(*group_->cpu_communicator(),
                         detail::cat("Reducer '", opt_.name, "' build"),
                         {{"option", options}, {"parameter", entries}});
@@ -140,13 +159,23 @@ void ReducerImpl::check_plan_agrees() {
 void ReducerImpl::allocate_bucket(Bucket& b) {
   const BucketLayout& l = b.plan.layout;
   const int64_t padded = hier_ ? hier_->padded_numel(l.numel) : l.numel;
-  if (b.buffer.allocate(l.device, l.dtype, padded, pool_)) ++stats_.buffer_allocations;
+  if (!b.buffer) b.buffer = std::make_shared<dp::FusionBuffer>();
+  if (b.buffer->allocate(l.device, l.dtype, padded, pool_)) ++stats_.buffer_allocations;
   if (hier_ && hier_->shard_numel(padded) > 0 &&
       b.shard.allocate(l.device, l.dtype, hier_->shard_numel(padded), pool_))
     ++stats_.buffer_allocations;
   std::vector<dp::UnflattenSlot> slots;
   for (size_t s = 0; s < l.slots.size(); ++s) {
-    const dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
+    dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
+    if (opt_.gradient_as_bucket_view) {
+      // The gradient moves into the bucket, content and all (the registered
+      // tensor, or the previous bucket's slice after a rebuild).
+      const Tensor view = b.buffer->slice(l.slots[s].offset, l.slots[s].shape);
+      if (!p.grad_absent) b.buffer->copy_in(l.slots[s].offset, p.grad, nullptr);
+      p.grad = view;
+      p.grad_absent = false;
+    }
+    // In view mode the write-back divides in place.
     slots.push_back({p.grad.data(), l.slots[s].offset, p.grad.numel()});
   }
   b.chunks = dp::make_unflatten_chunks(l.dtype, slots);
@@ -156,18 +185,46 @@ void ReducerImpl::allocate_bucket(Bucket& b) {
         l.device.index, b.chunks.data(), b.chunks.size() * sizeof(b.chunks[0]));
     b.joined.reset(new cuda::Event(l.device.index));
     ++stats_.buffer_allocations;
+    if (hier_) {
+      b.side.reset(new cuda::Stream(l.device.index));
+      b.launched.reset(new cuda::Event(l.device.index));
+      b.reduced.reset(new cuda::Event(l.device.index));
+    }
   }
 #endif
   b.pending = static_cast<int>(l.slots.size());
 }
 
+std::vector<dp::ParamSpec> ReducerImpl::param_specs() const {
+  std::vector<dp::ParamSpec> specs;
+  for (const auto& p : params_)
+    specs.push_back({p.name, p.grad_dtype, p.param.device(),
+                     p.grad_absent ? p.param.shape() : p.grad.shape()});
+  return specs;
+}
+
+void ReducerImpl::install_plan(std::vector<dp::PlannedBucket> plan) {
+  buckets_.clear();
+  layouts_.clear();
+  buckets_.resize(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Bucket& b = buckets_[i];
+    b.plan = std::move(plan[i]);
+    b.op_name = detail::cat(opt_.name, " bucket ", i);
+    for (size_t s = 0; s < b.plan.params.size(); ++s) {
+      dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
+      p.bucket = static_cast<int>(i);
+      p.offset = b.plan.layout.slots[s].offset;
+    }
+    allocate_bucket(b);
+    layouts_.push_back(b.plan.layout);
+  }
+}
+
 void ReducerImpl::build() {
   std::lock_guard<std::mutex> lock(mu_);
   TUTTI_ARG_CHECK(!built_, "Reducer '", opt_.name, "': build() called twice");
-  std::vector<dp::ParamSpec> specs;
-  for (const auto& p : params_)
-    specs.push_back({p.name, p.grad.dtype(), p.grad.device(), p.grad.shape()});
-  auto plan = dp::plan_buckets(specs, dp::mib_to_bytes(opt_.bucket_cap_mb),
+  auto plan = dp::plan_buckets(param_specs(), dp::mib_to_bytes(opt_.bucket_cap_mb),
                                dp::mib_to_bytes(opt_.first_bucket_cap_mb));
   mode_ = opt_.compressor ? Mode::kCompressed
           : opt_.hierarchical && group_->size() > 1 ? Mode::kHierarchical
@@ -176,19 +233,8 @@ void ReducerImpl::build() {
   try {
     if (mode_ == Mode::kHierarchical)
       hier_.reset(new dp::HierarchicalAllreduce(group_, opt_.hierarchical_node_size));
-    buckets_.resize(plan.size());
-    for (size_t i = 0; i < plan.size(); ++i) {
-      Bucket& b = buckets_[i];
-      b.plan = std::move(plan[i]);
-      b.op_name = detail::cat(opt_.name, " bucket ", i);
-      for (size_t s = 0; s < b.plan.params.size(); ++s) {
-        dp::Param& p = params_[static_cast<size_t>(b.plan.params[s])];
-        p.bucket = static_cast<int>(i);
-        p.offset = b.plan.layout.slots[s].offset;
-      }
-      allocate_bucket(b);
-      layouts_.push_back(b.plan.layout);
-    }
+    install_plan(std::move(plan));
+    observed_order_.reserve(params_.size());  // grad_ready must not allocate
     if (opt_.compressor)
       for (const auto& l : layouts_) opt_.compressor->setup(l);
     if (mode_ != Mode::kFlat)
@@ -206,6 +252,83 @@ void ReducerImpl::build() {
   TUTTI_LOG(kInfo) << "Reducer '" << opt_.name << "': " << params_.size()
                    << " parameters in " << buckets_.size() << " buckets ("
                    << mode_name() << ")";
+}
+
+// Inside the first reducing synchronize(), after the write-back: every rank
+// is in the same collective call, so the broadcast below matches.
+void ReducerImpl::learn_order() {
+  order_learned_ = true;
+  const int n = static_cast<int>(params_.size());
+  std::vector<int32_t> order;
+  order.reserve(static_cast<size_t>(n));
+  for (int i : observed_order_) order.push_back(i);
+  // Never ready: last (reverse registration order), where an unused
+  // parameter holds back no bucket but the last.
+  for (int i = n - 1; i >= 0; --i)
+    if (!params_[static_cast<size_t>(i)].observed) {
+      order.push_back(i);
+      if (opt_.static_graph) static_unused_.push_back(i);
+    }
+  observed_order_.clear();
+  observed_order_.shrink_to_fit();
+  if (!opt_.learn_bucket_order || mode_ == Mode::kCompressed || n == 0) return;
+  // Ranks may have seen different orders: rank 0's is everyone's.
+  if (group_->size() > 1) {
+    OpOptions o;
+    o.name = opt_.name + " bucket order";
+    group_->cpu_communicator()->broadcast(
+        Tensor(order.data(), DType::kInt32, Shape{n}), 0, o);
+  }
+  std::vector<int> learned(order.begin(), order.end());
+  std::vector<char> seen(static_cast<size_t>(n), 0);
+  for (int i : learned) {
+    TUTTI_CHECK(i >= 0 && i < n && !seen[static_cast<size_t>(i)], "Reducer '",
+                opt_.name, "': rank 0's bucket order is not a permutation of the ",
+                n, " parameters (entry ", i, ")");
+    seen[static_cast<size_t>(i)] = 1;
+  }
+  rebuild_buckets(learned);
+}
+
+void ReducerImpl::rebuild_buckets(const std::vector<int>& order) {
+  auto plan = dp::plan_buckets(param_specs(), order,
+                               dp::mib_to_bytes(opt_.bucket_cap_mb),
+                               dp::mib_to_bytes(opt_.first_bucket_cap_mb));
+  bool same = plan.size() == buckets_.size();
+  for (size_t i = 0; same && i < plan.size(); ++i)
+    same = plan[i].params == buckets_[i].plan.params;
+  if (same) return;  // the observed order packs the same buckets
+  // The write-back (and in view mode the gradients' readers) of the old
+  // buckets may still run on their streams; in view mode the new buckets
+  // copy the gradients out of the old ones before those are freed.
+  auto sync_devices = [this] {
+#if TUTTI_WITH_CUDA
+    for (auto& b : buckets_)
+      if (b.plan.layout.device.is_cuda()) {
+        cuda::DeviceGuard g(b.plan.layout.device.index);
+        TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+#endif
+  };
+  sync_devices();
+  if (!opt_.gradient_as_bucket_view) {
+    release_buckets();  // first, so that the pool can hand the memory back
+    install_plan(std::move(plan));
+  } else {
+    std::vector<Bucket> old;
+    old.swap(buckets_);
+    install_plan(std::move(plan));
+    sync_devices();
+    buckets_.swap(old);
+    release_buckets();
+    buckets_.swap(old);
+  }
+  if (worker_)
+    worker_.reset(new dp::BucketWorker(opt_.name, static_cast<int>(buckets_.size()),
+                                       [this](int b) { run_on_worker(b); }));
+  ++stats_.bucket_rebuilds;
+  TUTTI_LOG(kInfo) << "Reducer '" << opt_.name << "': re-planned "
+                   << buckets_.size() << " buckets in the observed gradient order";
 }
 
 const char* ReducerImpl::mode_name() const {
@@ -289,6 +412,11 @@ int Reducer::add_parameter(const std::string& name, const Tensor& param,
 }
 void Reducer::build() { impl_->build(); }
 void Reducer::grad_ready(int index, void* stream) { impl_->grad_ready(index, stream); }
+void Reducer::mark_unused(int index, void* stream) { impl_->mark_unused(index, stream); }
+Tensor Reducer::gradient(int index) const { return impl_->gradient(index); }
+std::shared_ptr<const void> Reducer::gradient_storage(int index) const {
+  return impl_->gradient_storage(index);
+}
 bool Reducer::synchronize(void* stream) { return impl_->synchronize(stream); }
 void Reducer::set_gradient_scale(float scale) {
   TUTTI_ARG_CHECK(std::isfinite(scale) && scale > 0.0f, impl_->opt_.name,

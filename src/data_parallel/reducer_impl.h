@@ -11,7 +11,18 @@
 //    used earlier in the step, else zeros), launches the remaining buckets
 //    in order, then waits for and writes back bucket 0, 1, ... (write-back
 //    of bucket k overlaps the communication of buckets > k);
-//  * accumulation passes touch only the seen/used flags.
+//  * accumulation passes touch only the seen/used flags;
+//  * learned order: grad_ready() appends each parameter to observed_order_
+//    the first time it is seen; the first reducing synchronize() takes rank
+//    0's order (a broadcast on the group's host communicator, inside a
+//    collective call, so every rank is there) and re-plans the buckets in it
+//    once (rebuild_buckets(); the gradient content is carried over);
+//  * unused parameters: mark_unused() and, with static_graph, the start of
+//    each reducing pass after the first fill a slot early (fill_slot(), the
+//    same values synchronize() would use), so its bucket can launch;
+//  * gradient_as_bucket_view: Param::grad IS the bucket slice; copies into
+//    the bucket and the write-back are skipped, the average is formed in
+//    place (the write-back's chunk table points into the bucket itself).
 #pragma once
 
 #include <memory>
@@ -44,17 +55,30 @@ struct Param {
   int64_t offset = 0;  // element offset in the bucket
   bool seen = false;   // marked ready in this pass (outside no_sync)
   bool used = false;   // marked ready since the last reducing pass
+  bool marked_unused = false;  // filled by mark_unused/static graph this pass
+  bool observed = false;       // seen before the order was learned
+  bool grad_absent = false;    // view mode, registered without a gradient
+  DType grad_dtype = DType::kFloat32;  // the bucket's dtype
 };
 
 struct Bucket {
   PlannedBucket plan;
   std::string op_name;  // "dp bucket 3"
-  FusionBuffer buffer;  // plan.layout.numel, padded for the hierarchical scheme
+  // plan.layout.numel, padded for the hierarchical scheme.  Shared: with
+  // gradient_as_bucket_view, exported gradient views keep it alive.
+  std::shared_ptr<FusionBuffer> buffer = std::make_shared<FusionBuffer>();
   FusionBuffer shard;   // hierarchical scratch (equal nodes only)
   std::vector<kernels::UnflattenChunk> chunks;
 #if TUTTI_WITH_CUDA
   cuda::DeviceBuffer device_chunks;     // the chunk table, for the kernel
   std::unique_ptr<cuda::Event> joined;  // joins a second producer stream
+  // Hierarchical mode: the three collectives run ordered on `side`, which
+  // waits for `launched` (recorded on `stream` at launch) and records
+  // `reduced`, which the write-back waits for.  So each stage's Work::wait()
+  // holds up the side stream, never the producer's (compute) stream.
+  std::unique_ptr<cuda::Stream> side;
+  std::unique_ptr<cuda::Event> launched;
+  std::unique_ptr<cuda::Event> reduced;
 #endif
   int pending = 0;          // slots not yet filled in this pass
   void* stream = nullptr;   // CUDA: stream the bucket is ordered on
@@ -62,6 +86,7 @@ struct Bucket {
   int64_t launch_step = 0;  // step number handed to the compressor
   float launch_grad_scale = 1.0f;  // gradient scale handed to the compressor
   WorkPtr work;             // kFlat: the all-reduce in flight
+  WorkPtr cross_work;       // kHierarchical: cross-node all-reduce in flight
 };
 
 }  // namespace dp
@@ -75,6 +100,9 @@ class ReducerImpl {
                     const Tensor& grad);
   void build();
   void grad_ready(int index, void* stream);
+  void mark_unused(int index, void* stream);
+  Tensor gradient(int index) const;
+  std::shared_ptr<const void> gradient_storage(int index) const;
   bool synchronize(void* stream);
   void enter_no_sync();
   void exit_no_sync();
@@ -99,7 +127,18 @@ class ReducerImpl {
   void mark_filled(dp::Bucket& b, bool early);
   void launch(int bucket, bool early);
   void run_on_worker(int bucket);
+  void* hier_stream(dp::Bucket& b);
+  void hier_begin(dp::Bucket& b);
+  void hier_finish(dp::Bucket& b);
   void fill_missing(dp::Bucket& b, void* stream);
+  void fill_slot(dp::Param& p, dp::Bucket& b);
+  void fill_early(dp::Param& p, void* stream);
+  void begin_reducing_pass(void* stream);
+  bool is_view(const dp::Param& p, const dp::Bucket& b) const;
+  void copy_into_bucket(dp::Param& p, dp::Bucket& b, void* stream);
+  // learned order (reducer.cc)
+  void learn_order();
+  void rebuild_buckets(const std::vector<int>& order);
   void set_stream(dp::Bucket& b, void* stream);
   void wait_bucket(int bucket);
   void write_back(dp::Bucket& b, void* stream);
@@ -109,6 +148,8 @@ class ReducerImpl {
   // reducer.cc
   void check_plan_agrees();
   void allocate_bucket(dp::Bucket& b);
+  void install_plan(std::vector<dp::PlannedBucket> plan);
+  std::vector<dp::ParamSpec> param_specs() const;
   void release_buckets();
   bool step_in_flight() const { return filled_in_pass_ > 0; }
   void require_built(const char* what) const;
@@ -120,6 +161,10 @@ class ReducerImpl {
   std::vector<dp::Bucket> buckets_;
   dp::Mode mode_ = dp::Mode::kFlat;
   bool built_ = false;
+  bool order_learned_ = false;      // the first reducing step has ended
+  bool pass_begun_ = false;         // begin_reducing_pass() ran this pass
+  std::vector<int> observed_order_;  // first-seen order until learned
+  std::vector<int> static_unused_;   // static_graph: unused in the first step
   int next_launch_ = 0;      // buckets [0, next_launch_) launched this pass
   int filled_in_pass_ = 0;   // slots filled in this reducing pass
   int seen_in_pass_ = 0;     // grad_ready calls in this pass (outside no_sync)

@@ -51,8 +51,20 @@ void ReducerImpl::grad_ready(int index, void* stream) {
                   "Reducer '", opt_.name, "': grad_ready(", index,
                   "): no such parameter (", params_.size(), " registered)");
   dp::Param& p = params_[static_cast<size_t>(index)];
+  if (!order_learned_ && !p.observed) {
+    p.observed = true;
+    observed_order_.push_back(index);
+  }
   p.used = true;
   if (no_sync_depth_ > 0) return;
+  TUTTI_ARG_CHECK(!p.marked_unused, "Reducer '", opt_.name, "': grad_ready('",
+                  p.name, "') for a parameter already filled as unused in this "
+                  "pass (", opt_.static_graph
+                      ? "static_graph: it was not used in the first step; a "
+                        "graph whose set of used parameters changes needs "
+                        "static_graph=false"
+                      : "mark_unused() was called for it",
+                  "); its bucket may already be reduced without it");
   TUTTI_ARG_CHECK(!p.seen, "Reducer '", opt_.name, "': grad_ready('", p.name,
                   "') called twice in one backward pass; call synchronize() at "
                   "the end of every backward pass (backward_passes_per_step = ",
@@ -62,7 +74,8 @@ void ReducerImpl::grad_ready(int index, void* stream) {
   if (pass_in_step_ + 1 < opt_.backward_passes_per_step) return;  // accumulate
   Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
   try {
-    b.buffer.copy_in(p.offset, p.grad, stream);
+    begin_reducing_pass(stream);
+    copy_into_bucket(p, b, stream);
     set_stream(b, stream);
     ++filled_in_pass_;
     mark_filled(b, true);
@@ -70,6 +83,58 @@ void ReducerImpl::grad_ready(int index, void* stream) {
     abandon_step();
     throw;
   }
+}
+
+void ReducerImpl::mark_unused(int index, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_built("mark_unused()");
+  TUTTI_ARG_CHECK(opt_.find_unused_parameters, "Reducer '", opt_.name,
+                  "': mark_unused() needs find_unused_parameters=true");
+  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(params_.size()),
+                  "Reducer '", opt_.name, "': mark_unused(", index,
+                  "): no such parameter (", params_.size(), " registered)");
+  dp::Param& p = params_[static_cast<size_t>(index)];
+  if (no_sync_depth_ > 0 || pass_in_step_ + 1 < opt_.backward_passes_per_step)
+    return;  // an accumulation pass: nothing to fill
+  TUTTI_ARG_CHECK(!p.seen, "Reducer '", opt_.name, "': mark_unused('", p.name,
+                  "') after it was marked ready or unused in this pass");
+  try {
+    fill_early(p, stream);
+  } catch (...) {
+    abandon_step();
+    throw;
+  }
+}
+
+// A slot filled before synchronize(): its bucket may launch now.
+void ReducerImpl::fill_early(dp::Param& p, void* stream) {
+  Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+  if (!b.stream_set) set_stream(b, stream);
+  fill_slot(p, b);
+  p.marked_unused = true;
+  ++stats_.marked_unused;
+  mark_filled(b, true);
+}
+
+// static_graph: the parameters unused in the first step are filled at the
+// start of every later reducing pass.
+void ReducerImpl::begin_reducing_pass(void* stream) {
+  if (pass_begun_) return;
+  pass_begun_ = true;
+  for (int index : static_unused_) {
+    dp::Param& p = params_[static_cast<size_t>(index)];
+    if (!p.seen) fill_early(p, stream);
+  }
+}
+
+bool ReducerImpl::is_view(const dp::Param& p, const Bucket& b) const {
+  return p.grad.data() == b.buffer->at(p.offset);
+}
+
+void ReducerImpl::copy_into_bucket(dp::Param& p, Bucket& b, void* stream) {
+  if (is_view(p, b)) return;  // gradient_as_bucket_view: already there
+  b.buffer->copy_in(p.offset, p.grad, stream);
+  stats_.bytes_copied_in += static_cast<int64_t>(p.grad.nbytes());
 }
 
 void ReducerImpl::mark_filled(Bucket& b, bool early) {
@@ -88,6 +153,9 @@ void ReducerImpl::launch(int index, bool early) {
   if (early) ++stats_.buckets_launched_early;
   stats_.bytes_reduced += static_cast<int64_t>(b.plan.bytes);
   if (mode_ != Mode::kFlat) {
+#if TUTTI_WITH_CUDA
+    if (b.launched) b.launched->record(static_cast<cudaStream_t>(b.stream));
+#endif
     worker_->enqueue(index);
     return;
   }
@@ -95,7 +163,7 @@ void ReducerImpl::launch(int index, bool early) {
   OpOptions o;
   o.name = b.op_name;
   o.stream = b.stream;
-  b.work = group_->allreduce_async(b.buffer.view(b.plan.layout.numel),
+  b.work = group_->allreduce_async(b.buffer->view(b.plan.layout.numel),
                                    ReduceOp::kSum, o);
 }
 
@@ -112,10 +180,45 @@ void ReducerImpl::run_on_worker(int index) {
     ctx.step = b.launch_step;
     ctx.grad_scale = b.launch_grad_scale;
     ctx.stream = b.stream;
-    opt_.compressor->allreduce(index, b.buffer.view(b.plan.layout.numel), ctx);
+    opt_.compressor->allreduce(index, b.buffer->view(b.plan.layout.numel), ctx);
     return;
   }
-  hier_->allreduce_sum(b.buffer.view(), b.shard.view(), b.op_name, b.stream);
+  // Pipelined across buckets: begin(k) (node stage, cross-node all-reduce
+  // started), then finish(k - 1), so the cross-node all-reduce of bucket
+  // k - 1 runs during bucket k's node stage.  Every rank runs the halves in
+  // this fixed order (never in an order that depends on timing), so the
+  // node and cross-node communicators see the same sequence everywhere.
+  // wait_bucket(k) therefore waits for job k + 1.
+  hier_begin(b);
+  if (index > 0) hier_finish(buckets_[static_cast<size_t>(index - 1)]);
+  if (index + 1 == static_cast<int>(buckets_.size())) hier_finish(b);
+}
+
+// CUDA: the stages run on the bucket's side stream, which first waits for
+// the producer's copies (Bucket::side); host buckets use no stream.
+void* ReducerImpl::hier_stream(Bucket& b) {
+#if TUTTI_WITH_CUDA
+  if (b.side) return b.side->get();
+#endif
+  return b.stream;
+}
+
+void ReducerImpl::hier_begin(Bucket& b) {
+  cuda::OptionalDeviceGuard device(b.plan.layout.device);
+#if TUTTI_WITH_CUDA
+  if (b.side)
+    TUTTI_CUDA_CHECK(cudaStreamWaitEvent(b.side->get(), b.launched->get(), 0));
+#endif
+  b.cross_work = hier_->begin(b.buffer->view(), b.shard.view(), b.op_name, hier_stream(b));
+}
+
+void ReducerImpl::hier_finish(Bucket& b) {
+  cuda::OptionalDeviceGuard device(b.plan.layout.device);
+  WorkPtr cross = std::move(b.cross_work);
+  hier_->finish(b.buffer->view(), b.shard.view(), b.op_name, hier_stream(b), cross);
+#if TUTTI_WITH_CUDA
+  if (b.side) b.reduced->record(b.side->get());
+#endif
 }
 
 void ReducerImpl::fill_missing(Bucket& b, void* stream) {
@@ -124,22 +227,31 @@ void ReducerImpl::fill_missing(Bucket& b, void* stream) {
   for (int index : b.plan.params) {
     dp::Param& p = params_[static_cast<size_t>(index)];
     if (p.seen) continue;
-    // Used in an earlier pass of this step: its accumulated gradient counts.
-    // Never used: it contributes zero on this rank.
-    if (p.used)
-      b.buffer.copy_in(p.offset, p.grad, b.stream);
-    else
-      b.buffer.zero(p.offset, p.grad.numel(), b.stream);
-    p.seen = true;
+    fill_slot(p, b);
     --b.pending;
-    ++filled_in_pass_;
     ++stats_.unready_gradients;
   }
 }
 
+// A slot whose gradient this pass does not produce.  Used in an earlier pass
+// of this step: its accumulated gradient counts.  Never used: it contributes
+// zero on this rank (in view mode that zeroes the gradient itself, as the
+// copying mode's write-back would overwrite it).
+void ReducerImpl::fill_slot(dp::Param& p, Bucket& b) {
+  if (p.used)
+    copy_into_bucket(p, b, b.stream);
+  else
+    b.buffer->zero(p.offset, p.grad.numel(), b.stream);
+  p.seen = true;
+  ++filled_in_pass_;
+}
+
 void ReducerImpl::wait_bucket(int index) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
-  if (mode_ != Mode::kFlat) {
+  if (mode_ == Mode::kHierarchical) {
+    // Bucket k is finished by job k + 1 (run_on_worker), when launched.
+    worker_->wait(index + 1 < next_launch_ ? index + 1 : index);
+  } else if (mode_ != Mode::kFlat) {
     worker_->wait(index);  // host-side only
   } else if (b.work) {
     cuda::OptionalDeviceGuard device(b.plan.layout.device);  // stream waits
@@ -149,16 +261,25 @@ void ReducerImpl::wait_bucket(int index) {
 
 void ReducerImpl::write_back(Bucket& b, void* stream) {
   const BucketLayout& l = b.plan.layout;
+  // gradient_as_bucket_view: the chunks point into the bucket itself; a sum
+  // is already in place.
+  const bool in_place = opt_.gradient_as_bucket_view;
+  const bool nothing_to_do = in_place && divisor() == 1;
+  if (nothing_to_do && l.device.is_cpu()) return;
+  if (!in_place) stats_.bytes_copied_out += static_cast<int64_t>(b.plan.bytes);
   if (l.device.is_cpu()) {
-    dp::unflatten_scale_cpu(b.buffer.data(), l.dtype, b.chunks.data(),
+    dp::unflatten_scale_cpu(b.buffer->data(), l.dtype, b.chunks.data(),
                             b.chunks.size(), divisor());
     return;
   }
 #if TUTTI_WITH_CUDA
   cuda::DeviceGuard g(l.device.index);
   const cudaStream_t s = static_cast<cudaStream_t>(b.stream);
-  kernels::launch_unflatten_scale(
-      b.buffer.data(), l.dtype,
+  if (b.side && mode_ == Mode::kHierarchical)  // the reduction ran on b.side
+    TUTTI_CUDA_CHECK(cudaStreamWaitEvent(s, b.reduced->get(), 0));
+  if (!nothing_to_do)
+    kernels::launch_unflatten_scale(
+      b.buffer->data(), l.dtype,
       static_cast<const kernels::UnflattenChunk*>(b.device_chunks.data()),
       static_cast<int>(b.chunks.size()), divisor(), s);
   if (stream != b.stream) {  // the caller consumes the gradients on `stream`
@@ -208,7 +329,29 @@ bool ReducerImpl::synchronize(void* stream) {
   reset_step();
   ++step_;
   ++stats_.steps;
+  if (!order_learned_) learn_order();  // collective, once
   return true;
+}
+
+Tensor ReducerImpl::gradient(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(params_.size()),
+                  "Reducer '", opt_.name, "': gradient(", index,
+                  "): no such parameter (", params_.size(), " registered)");
+  const dp::Param& p = params_[static_cast<size_t>(index)];
+  TUTTI_ARG_CHECK(!p.grad_absent, "Reducer '", opt_.name, "': gradient('", p.name,
+                  "') before build(): with gradient_as_bucket_view it lives in "
+                  "a bucket build() allocates");
+  return p.grad;
+}
+
+std::shared_ptr<const void> ReducerImpl::gradient_storage(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(params_.size()),
+                  "Reducer '", opt_.name, "': gradient_storage(", index, ")");
+  const dp::Param& p = params_[static_cast<size_t>(index)];
+  if (!built_ || !opt_.gradient_as_bucket_view) return nullptr;
+  return buckets_[static_cast<size_t>(p.bucket)].buffer;
 }
 
 // After a failure: let every launched bucket finish (its buffer must stay
@@ -224,6 +367,18 @@ void ReducerImpl::abandon_step() noexcept {
   }
   try {
     if (worker_) worker_->drain();
+    // Hierarchical: a cross-node all-reduce whose bucket was never finished
+    // must end before the buffers are reused.
+    for (auto& b : buckets_)
+      if (b.cross_work) {
+        try {
+          b.cross_work->wait();
+        } catch (const std::exception& e) {
+          TUTTI_LOG(kDebug) << "Reducer '" << opt_.name << "': dropping "
+                            << b.op_name << "'s cross-node all-reduce: " << e.what();
+        }
+        b.cross_work.reset();
+      }
     reset_step();
   } catch (const std::exception& e) {
     TUTTI_LOG(kError) << "Reducer '" << opt_.name
@@ -237,11 +392,14 @@ void ReducerImpl::reset_step() {
     b.stream = nullptr;
     b.stream_set = false;
     b.work.reset();
+    b.cross_work.reset();
   }
   for (auto& p : params_) {
     p.seen = false;
     p.used = false;
+    p.marked_unused = false;
   }
+  pass_begun_ = false;
   next_launch_ = 0;
   filled_in_pass_ = 0;
   seen_in_pass_ = 0;

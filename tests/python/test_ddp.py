@@ -88,3 +88,123 @@ def test_mismatched_models_fail_on_every_rank(rank, size):
     with pytest.raises(tutti.MismatchError, match="'0.weight'"):
         hvd.DistributedDataParallel(model)
     hvd.barrier()
+
+
+class _Branchy(torch.nn.Module):
+    """fc always; `side` only when asked (per rank); `spare` never."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4).double()
+        self.side = torch.nn.Linear(4, 4).double()
+        self.spare = torch.nn.Linear(4, 4).double()
+        self.head = torch.nn.Linear(4, 1).double()
+
+    def forward(self, x, use_side):
+        h = torch.tanh(self.fc(x))
+        if use_side:
+            h = h + self.side(h)
+        return self.head(h)
+
+
+def _run_branchy(rank, steps=3, **kwargs):
+    torch.manual_seed(3)
+    ddp = hvd.DistributedDataParallel(_Branchy(), bucket_cap_mb=64 / 2**20, **kwargs)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    grads, early = [], []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=step % 2 == 1)
+        torch.manual_seed(10 * step + rank)
+        before = ddp.reducer.stats()
+        ddp(torch.randn(3, 4, dtype=torch.float64), use_side=rank != 1).sum().backward()
+        after = ddp.reducer.stats()
+        early.append((after["buckets_launched_early"] - before["buckets_launched_early"],
+                      after["buckets_reduced"] - before["buckets_reduced"]))
+        grads.append([p.grad.clone() for p in ddp.parameters()])
+        opt.step()
+    return ddp, grads, early
+
+
+def test_unused_parameters_found_or_static(rank, size):
+    """find_unused_parameters (graph search each forward) and static_graph
+    (the first step's unused set) give the same bits as the default path
+    (unused slots filled at the end of backward), and launch every bucket
+    during backward from the second step on."""
+    plain, ref, plain_early = _run_branchy(rank)
+    for kwargs in ({"find_unused_parameters": True}, {"static_graph": True}):
+        ddp, grads, early = _run_branchy(rank, **kwargs)
+        for step, (a, b) in enumerate(zip(grads, ref)):
+            for p, q in zip(a, b):
+                assert torch.equal(p, q), f"{kwargs} step {step}"
+        for launched, reduced in early[1:]:
+            assert launched == reduced, f"{kwargs}: a bucket waited for synchronize()"
+        unused = 2 if rank == 1 else 1  # spare (w, b) ... and side on rank 1
+        marked = ddp.reducer.stats()["marked_unused"]
+        steps_marking = 3 if "find_unused_parameters" in kwargs else 2
+        assert marked == 2 * unused * steps_marking, (kwargs, marked)
+    # spare's gradient is zero; side's counts only the ranks that used it.
+    assert torch.equal(ref[0][4], torch.zeros(4, 4, dtype=torch.float64))
+    assert plain.reducer.stats()["bucket_rebuilds"] == 1
+    assert any(launched < reduced for launched, reduced in plain_early[1:]), \
+        "without help the unused parameters' bucket waits for the end"
+
+
+def test_static_graph_refuses_a_changed_graph(rank, size):
+    torch.manual_seed(3)
+    ddp = hvd.DistributedDataParallel(_Branchy(), static_graph=True)
+    x = torch.ones(2, 4, dtype=torch.float64)
+    ddp(x, use_side=False).sum().backward()
+    with pytest.raises(tutti.InvalidArgumentError, match="static_graph"):
+        ddp(x, use_side=True).sum().backward()
+
+
+def _bucket_ptrs(reducer, n):
+    return [torch.from_dlpack(reducer.gradient(i)).data_ptr() for i in range(n)]
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "optimizer"])
+def test_gradient_as_bucket_view(rank, size, wrapper):
+    """.grad is the bucket (data_ptr inside it, no copies counted), with
+    zero_grad(set_to_none=True) re-pointed at the next backward, and the
+    training matches the copying path bit for bit."""
+    x, y = horovod_mlp.dataset()
+
+    def train(view):
+        model = horovod_mlp.make_model(100)
+        if wrapper == "ddp":
+            net = hvd.DistributedDataParallel(model, gradient_as_bucket_view=view)
+            opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.5)
+            reducer = net.reducer
+        else:
+            net = model
+            opt = hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5),
+                named_parameters=model.named_parameters(), gradient_as_bucket_view=view)
+            reducer = opt.reducer
+        params = list(model.parameters())
+        out = []
+        for step in range(4):
+            opt.zero_grad(set_to_none=step >= 2)
+            xb, yb = x[step * 12:(step + 1) * 12], y[step * 12:(step + 1) * 12]
+            F.mse_loss(net(shard(xb, rank, size)), shard(yb, rank, size)).backward()
+            if wrapper == "optimizer":
+                opt.synchronize()
+            if view:
+                ptrs = _bucket_ptrs(reducer, len(params))
+                assert [p.grad.data_ptr() for p in params] == ptrs, f"step {step}"
+            out.append([p.grad.clone() for p in params])
+            if wrapper == "optimizer":
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+        out.append([p.detach().clone() for p in params])
+        return out, reducer.stats()
+
+    copied, cs = train(False)
+    viewed, vs = train(True)
+    for step, (a, b) in enumerate(zip(copied, viewed)):
+        for p, q in zip(a, b):
+            assert torch.equal(p, q), f"step {step}"
+    assert vs["bytes_copied_in"] == 0 and vs["bytes_copied_out"] == 0
+    assert cs["bytes_copied_in"] > 0 and cs["bytes_copied_out"] > 0

@@ -15,6 +15,17 @@ One GradSync serves DistributedOptimizer (the reduction is waited for in
 * Gradients live in tensors registered with the reducer once.  A new
   ``.grad`` tensor (``zero_grad(set_to_none=True)``, the first backward) is
   copied into the registered one, which becomes ``.grad`` again.
+* ``gradient_as_bucket_view=True``: the registered tensors ARE slices of the
+  reducer's fusion buckets (``reducer.gradient(i)`` through DLPack), so
+  autograd accumulates straight into the bucket and the reducer averages in
+  place: no copy in, no write-back.  After ``set_to_none`` the new ``.grad``
+  is copied into the slice once and ``.grad`` re-pointed at it.  When the
+  reducer re-plans its buckets in the learned order (once, at the end of the
+  first step) the slices move and ``.grad`` follows them.
+* Unused parameters: ``find_unused_parameters`` (DDP) searches the autograd
+  graph of each forward's output and the reducer fills the unreachable
+  parameters' slots as the backward pass starts; ``static_graph`` lets the
+  reducer reuse the first step's unused set without a search.
 * Accumulation (Horovod's ``backward_passes_per_step``, DDP's ``no_sync()``)
   runs passes inside ``reducer.no_sync()``: no communication.  The pass that
   completes a step reduces; a step that ends with fewer passes reduces what
@@ -40,7 +51,8 @@ def _post_accumulate_hook(param, fn):
 class GradSync:
     def __init__(self, named_parameters, *, process_set=None, compressor=None,
                  op=_C.ReduceOp.AVG, backward_passes_per_step=1, bucket_cap_mb=None,
-                 name="dp", sync_in_backward=False):
+                 name="dp", sync_in_backward=False, find_unused_parameters=False,
+                 static_graph=False, gradient_as_bucket_view=False):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self.group = group_or_world(process_set)
@@ -53,24 +65,36 @@ class GradSync:
                 entries.append((pname, p))
         self.names = [n for n, _ in entries]
         self.params = [p for _, p in entries]
-        self.grads = []
+        self.as_view = gradient_as_bucket_view
+        seeds = []
         for pname, p in entries:
             if p.is_sparse or (p.grad is not None and p.grad.is_sparse):
                 raise error(_C.UnsupportedError, f"parameter '{pname}': sparse gradients "
                             "are not supported (use dense embeddings)")
+            if self.as_view:  # the bucket is the gradient; an existing one seeds it
+                seeds.append(None if p.grad is None else p.grad.contiguous())
+                continue
             buf = torch.zeros_like(p, memory_format=torch.contiguous_format)
             if p.grad is not None:
                 buf.copy_(p.grad)
             p.grad = buf
-            self.grads.append(buf)
+            seeds.append(buf)
         self.reducer = _C.Reducer(self.group, bucket_cap_mb=bucket_cap_mb, op=op,
-                                  compressor=compressor, name=name)
+                                  compressor=compressor, name=name,
+                                  find_unused_parameters=find_unused_parameters,
+                                  static_graph=static_graph,
+                                  gradient_as_bucket_view=gradient_as_bucket_view)
         # The compressor in use (None: plain all-reduce); a Stateful whose
         # state_dict() a checkpoint must carry.
         self.compressor = self.reducer.options["compressor"]
-        for pname, p, g in zip(self.names, self.params, self.grads):
+        for pname, p, g in zip(self.names, self.params, seeds):
             self.reducer.add_parameter(pname, export(p), g)
         self.reducer.build()
+        self.grads = seeds
+        self._rebuilds = 0
+        if self.as_view:
+            self._point_at_buckets()
+        self._unused_next = None  # find_unused_parameters: set by DDP's forward
         self._keep = []
         for i, p in enumerate(self.params):
             self._keep.append(_post_accumulate_hook(p, lambda i=i: self._on_grad(i)))
@@ -96,6 +120,18 @@ class GradSync:
         self._ready += 1
         self.reducer.grad_ready(i, stream_of(buf))
 
+    def _point_at_buckets(self):
+        """View mode: self.grads and every .grad become the buckets' slices."""
+        self.grads = [torch.from_dlpack(self.reducer.gradient(i))
+                      for i in range(len(self.params))]
+        for p, g in zip(self.params, self.grads):
+            p.grad = g
+
+    def set_unused(self, indices):
+        """find_unused_parameters: the parameters the next backward pass will
+        not reach (DDP's forward searches the graph)."""
+        self._unused_next = indices
+
     def _begin_pass(self):
         if self._pending:
             raise error(_C.InvalidArgumentError,
@@ -115,6 +151,10 @@ class GradSync:
         if not self._reducing:
             self._guard = self.reducer.no_sync()
             self._guard.__enter__()
+        unused, self._unused_next = self._unused_next, None
+        if unused and self._reducing:
+            for i in unused:
+                self.reducer.mark_unused(i, stream_of(self.grads[i]))
 
     def _end_pass(self):
         self._in_pass = False
@@ -153,6 +193,12 @@ class GradSync:
         finally:
             self._pending = False
             self._passes = 0
+        if self.as_view:
+            rebuilds = self.reducer.stats()["bucket_rebuilds"]
+            if rebuilds != self._rebuilds:  # the learned order moved the slices
+                self._rebuilds = rebuilds
+                self._point_at_buckets()
+                return reduced
         if self._ready < len(self.params):
             # Unused parameters also hold the (zero or accumulated) average.
             for p, g in zip(self.params, self.grads):

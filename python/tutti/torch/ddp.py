@@ -15,19 +15,31 @@ class DistributedDataParallel(torch.nn.Module):
     all-reduced in buckets while backward runs, and ``loss.backward()``
     returns with every ``.grad`` holding the average over ``process_group``
     (any optimizer then steps as usual).  ``no_sync()`` accumulates locally.
-    Unused parameters need no flag: they contribute zero.
+    Unused parameters need no flag to be correct: they contribute zero.
+    After the first step the buckets follow the order gradients became
+    ready (rank 0's), as torch DDP rebuilds them.
+
+    ``find_unused_parameters=True``: each forward searches the autograd
+    graph of the output; parameters it cannot reach are filled (zero) as
+    backward starts, so their buckets launch during backward instead of at
+    its end.  ``static_graph=True``: the parameters unused in the first step
+    are taken to be unused in every step, without a search (a step that
+    uses one raises InvalidArgumentError).  ``gradient_as_bucket_view=True``:
+    every ``.grad`` is a view into the fusion bucket (no copy in, no copy
+    back; after ``zero_grad(set_to_none=True)`` the next backward copies the
+    new gradient into the view once and re-points ``.grad``).
 
     ``process_group``: a :class:`tutti.ProcessGroup` (default: the world).
     ``bucket_cap_mb``: fusion bucket size (default TUTTI_BUCKET_MB).
     ``broadcast_buffers``: rank 0's buffers (e.g. BatchNorm statistics) are
     copied to every rank before each forward.  ``compression``: a
-    ``Compression.*`` choice.  torch-DDP-only arguments (device_ids,
-    find_unused_parameters, gradient_as_bucket_view, ...) are accepted and
-    ignored."""
+    ``Compression.*`` choice.  Other torch-DDP arguments (device_ids,
+    output_device, ...) are accepted and ignored."""
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
                  broadcast_buffers=True, process_group=None, bucket_cap_mb=None,
-                 find_unused_parameters=False, compression=None, op=Average, **_ignored):
+                 find_unused_parameters=False, compression=None, op=Average,
+                 gradient_as_bucket_view=False, static_graph=False, **_ignored):
         super().__init__()
         self.module = module
         self.broadcast_buffers = broadcast_buffers
@@ -35,7 +47,13 @@ class DistributedDataParallel(torch.nn.Module):
         self._tutti = GradSync(module.named_parameters(), process_set=process_group,
                                compressor=as_compressor(compression), op=op,
                                bucket_cap_mb=bucket_cap_mb, name="DistributedDataParallel",
-                               sync_in_backward=True)
+                               sync_in_backward=True,
+                               find_unused_parameters=find_unused_parameters and not static_graph,
+                               static_graph=static_graph,
+                               gradient_as_bucket_view=gradient_as_bucket_view)
+        self.find_unused_parameters = find_unused_parameters and not static_graph
+        self.static_graph = static_graph
+        self.gradient_as_bucket_view = gradient_as_bucket_view
         self.process_group = self._tutti.group
         self._tutti.broadcast_parameters(0)
         if buffers:
@@ -56,7 +74,30 @@ class DistributedDataParallel(torch.nn.Module):
             buffers = [b for b in self.module.buffers()]
             if buffers:
                 broadcast_tensors_(buffers, 0, self.process_group, "ddp buffers")
-        return self.module(*inputs, **kwargs)
+        output = self.module(*inputs, **kwargs)
+        if self.find_unused_parameters and torch.is_grad_enabled():
+            self._tutti.set_unused(self._unreachable(output))
+        return output
+
+    def _unreachable(self, output):
+        """Indices of the registered parameters the autograd graph of
+        ``output`` does not reach (torch DDP's search)."""
+        stack, seen, reached = [], set(), set()
+        for t in _tensors_in(output):
+            if t.grad_fn is not None:
+                stack.append(t.grad_fn)
+            elif t.requires_grad:
+                reached.add(id(t))  # a parameter returned as is
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            var = getattr(fn, "variable", None)  # an AccumulateGrad node
+            if var is not None:
+                reached.add(id(var))
+            stack.extend(nxt for nxt, _ in fn.next_functions)
+        return [i for i, p in enumerate(self._tutti.params) if id(p) not in reached]
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -67,3 +108,15 @@ class DistributedDataParallel(torch.nn.Module):
             yield
         finally:
             self._tutti.no_sync_depth -= 1
+
+
+def _tensors_in(obj):
+    """The tensors in a forward's output (tensors, sequences, mappings)."""
+    if torch.is_tensor(obj):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors_in(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors_in(o)

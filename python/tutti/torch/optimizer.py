@@ -15,7 +15,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     optimizer's own step() keep working)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 op, process_set, bucket_cap_mb, original):
+                 op, process_set, bucket_cap_mb, original, gradient_as_bucket_view):
         super(self.__class__, self).__init__(params)
         if original.state:
             self.load_state_dict(original.state_dict())
@@ -41,7 +41,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._tutti = GradSync(named, process_set=process_set,
                                compressor=as_compressor(compression), op=op,
                                backward_passes_per_step=backward_passes_per_step,
-                               bucket_cap_mb=bucket_cap_mb, name="DistributedOptimizer")
+                               bucket_cap_mb=bucket_cap_mb, name="DistributedOptimizer",
+                               gradient_as_bucket_view=gradient_as_bucket_view)
         self._should_synchronize = True
 
     @property
@@ -96,7 +97,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=None, bucket_cap_mb=None):
+                         sparse_as_dense=False, process_set=None, bucket_cap_mb=None,
+                         gradient_as_bucket_view=False):
     """Wraps a torch optimizer so that gradients are averaged (``op=Average``)
     or summed (``op=Sum``) over the ranks while backward runs: autograd hooks
     feed tutti's C++ bucketing reducer; ``step()`` waits for it, then steps.
@@ -111,7 +113,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     manual fusion hints; tutti's bucketing replaces them and ignores them.
     ``gradient_predivide_factor`` other than 1 and ``op=Adasum`` raise
     UnsupportedError.  Sparse gradients are not supported (``sparse_as_dense``
-    is accepted: gradients are always dense here)."""
+    is accepted: gradients are always dense here).
+    ``gradient_as_bucket_view=True``: every ``.grad`` is a view into the
+    reducer's fusion bucket (as torch DDP's option): no copy into the bucket
+    and none back; ``zero_grad(set_to_none=True)`` works (the next backward
+    copies the new gradient into the view once and re-points ``.grad``)."""
     op = _resolve_op(None, op)
     if op not in (Average, _C.ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer: op must be Average or Sum, got {op}")
@@ -122,4 +128,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression,
-               backward_passes_per_step, op, process_set, bucket_cap_mb, optimizer)
+               backward_passes_per_step, op, process_set, bucket_cap_mb, optimizer,
+               gradient_as_bucket_view)

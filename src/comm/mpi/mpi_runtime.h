@@ -66,8 +66,10 @@ class Deadline {
 };
 
 // Polls `request` until it completes (true) or the deadline passes (false;
-// the request is left pending).  Spins briefly, then yields the CPU between
-// polls so oversubscribed ranks still make progress.
+// the request is left pending).  Spins briefly, yields for a few hundred
+// microseconds, then sleeps between polls with exponential backoff up to
+// TUTTI_MPI_WAIT_SLEEP_US, so a long wait (a late peer) costs little CPU:
+// the cores stay with the computation the communication overlaps.
 bool wait(MPI_Request* request, const Deadline& deadline,
           MPI_Status* status = MPI_STATUS_IGNORE);
 
