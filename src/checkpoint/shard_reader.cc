@@ -136,7 +136,9 @@ void execute_plan(const OpenedCheckpoint& ckpt, const LoadPlan& plan,
                   const StateDict& dst, HostBufferPool& pool) {
   std::map<int, File> files;
   for (const auto& item : plan.items) {
-    const Tensor& d = dst[item.dst].tensor;
+    const Tensor& d = item.resized >= 0
+                          ? plan.resized[static_cast<size_t>(item.resized)].rows
+                          : dst[item.dst].tensor;
     for (const auto& src : item.sources) {
       auto it = files.find(src.shard);
       if (it == files.end())
