@@ -227,6 +227,10 @@ class BucketCompressor : public Compressor {
     // the bucket's device (allocated in setup(), so a step allocates
     // nothing).
     float grad_scale = 1.0f;
+    // The size of the group the last step ran on (state
+    // "<prefix>/bucket<id>/world"; 0 before the first step): a resize
+    // averages saved residuals only when they are one group's.
+    int64_t world = 0;
     DeviceArray flag;
   };
   // Error feedback: true when some rank's bucket holds Inf/NaN.  The one

@@ -16,7 +16,11 @@
 //     (A + 1) / 2 * c(i) -- exact in float32 for A = 2 and 3 -- so the
 //     error owed to the averaged gradient, (1/W) sum_r R_r, is unchanged;
 //     replicated state (step counters, gradient scales, PowerSGD's Q,
-//     auto's choice) is rank 0's;
+//     auto's choice) is rank 0's, and ".../world" (the group the residuals
+//     belong to) is B;
+//   * topk_tp ran on groups of half the ranks (like data parallelism inside
+//     tensor parallelism of 2): at A != B its rows are not one group's, so
+//     every rank's residual restarts from zero (with a warning);
 //   * in both cases a step with zero gradients of top-k with ratio 1 (it
 //     sends everything) returns exactly (A + 1) / 2 * c(i): what the saved
 //     job owed its average gradient.
@@ -74,7 +78,8 @@ std::vector<Algo> make_all() {
   std::vector<Algo> out = {{"topk", make_compressor("topk", o)},
                            {"topk1", make_compressor("topk", all)},
                            {"onebit", make_compressor("onebit", o)},
-                           {"powersgd", make_compressor("powersgd", o)}};
+                           {"powersgd", make_compressor("powersgd", o)},
+                           {"topk_tp", make_compressor("topk", o)}};
   for (auto& a : out) a.c->setup(layout());
   return out;
 }
@@ -94,12 +99,14 @@ std::vector<char> bytes_of(const Tensor& t) {
   return std::vector<char>(p, p + t.nbytes());
 }
 
+// `half`: the group topk_tp runs on (when saving), like a data-parallel
+// group inside tensor parallelism of 2: ranks of one parity.
 void step_all(std::vector<Algo>& all, const std::vector<float>& grad, int64_t step,
-              std::vector<float>* out_topk1 = nullptr) {
+              std::vector<float>* out_topk1 = nullptr, Communicator* half = nullptr) {
   for (auto& a : all) {
     std::vector<float> g = grad;
     CompressContext ctx;
-    ctx.comm = world().get();
+    ctx.comm = a.component == "topk_tp" && half ? half : world().get();
     ctx.step = step;
     a.c->allreduce(0, Tensor::of(g), ctx);
     if (out_topk1 && a.component == "topk1") *out_topk1 = g;
@@ -128,11 +135,12 @@ std::vector<char> read_file(const std::string& path) {
 int run_save(const std::string& dir) {
   const int rank = world()->rank();
   auto all = make_all();
+  auto half = world()->split_group(rank % 2, rank, "half");
   for (int64_t s = 0; s < 2; ++s) {
     std::vector<float> g(kNumel);
     for (int64_t i = 0; i < kNumel; ++i)
       g[static_cast<size_t>(i)] = static_cast<float>(((i * 13 + rank * 7 + s * 3) % 17) - 8) / 8.f;
-    step_all(all, g, s);
+    step_all(all, g, s, nullptr, half.get());
   }
   for (auto& a : all)
     for (const auto& nt : a.c->state_dict()) {
@@ -175,15 +183,25 @@ int run_load(const std::string& dir) {
         return 1;
       }
       if (is_residual(nt.name) && A != W) {
+        // topk_tp's rows are of groups smaller than the checkpoint's (when
+        // A > 1): no meaningful mean, the residual restarts from zero.
+        const bool reset = a.component == "topk_tp" && A > 1;
         const float* v = static_cast<const float*>(nt.tensor.data());
         for (int64_t i = 0; i < nt.tensor.numel(); ++i) {
-          const float want = static_cast<float>((A + 1) / 2.0 * c_of(i));
+          const float want = reset ? 0.f : static_cast<float>((A + 1) / 2.0 * c_of(i));
           if (v[i] != want) {
             fail(nt.name + "[" + std::to_string(i) + "] = " + std::to_string(v[i]) +
                  ", expected the mean of the saved residuals " + std::to_string(want));
             break;
           }
         }
+      } else if (A != W && nt.name.size() > 6 &&
+                 nt.name.compare(nt.name.size() - 6, 6, "/world") == 0) {
+        // The group the residuals now belong to: this one, or none (zero).
+        const int64_t want = a.component == "topk_tp" && A > 1 ? 0 : W;
+        if (*static_cast<const int64_t*>(nt.tensor.data()) != want)
+          fail(nt.name + " = " + std::to_string(*static_cast<const int64_t*>(nt.tensor.data())) +
+               ", expected " + std::to_string(want));
       } else if (std::memcmp(got.data(), ref.data() + at, got.size()) != 0) {
         fail(nt.name + " differs from " +
              (A == W ? "what this rank saved" : std::string("rank 0's saved value")));
