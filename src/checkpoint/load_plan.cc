@@ -166,9 +166,15 @@ LoadPlan plan_load(const OpenedCheckpoint& ckpt, const StateDict& dst,
                           dtype_size(nt.tensor.dtype()), 0);
       rr.rows = Tensor(rr.bytes.data(), nt.tensor.dtype(), Shape(dims));
       const Placement rows = make_placement(dims, ShardInfo(), ErrorCode::kInvalidArgument, what);
+      std::set<int> read;
       PlanItem item = plan_sources(ckpt, it->second, rows,
-                                   static_cast<uint64_t>(rr.rows.numel()), rank, what,
-                                   &plan.shards_read);
+                                   static_cast<uint64_t>(rr.rows.numel()), rank, what, &read);
+      for (PieceCopies& pc : item.sources) {
+        const uint64_t n = (pc.piece->end - pc.piece->begin) / dtype_size(pc.piece->dtype);
+        pc.check_in_place = pc.copies.size() == 1 && pc.copies[0].src == 0 &&
+                            pc.copies[0].len == n;
+        if (!pc.check_in_place) plan.shards_read.insert(pc.shard);
+      }
       item.dst = i;
       item.resized = static_cast<int>(plan.resized.size());
       plan.resized.push_back(std::move(rr));

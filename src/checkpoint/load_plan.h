@@ -41,6 +41,11 @@ struct PieceCopies {
   int shard = 0;
   const StoredTensor* piece = nullptr;
   std::vector<CopyRange> copies;
+  // The copies read the whole piece into host memory (a resized per-rank
+  // row): execute_plan checks its checksum there, so its shard need not be
+  // verified in full (a resize would otherwise read every shard on every
+  // rank).
+  bool check_in_place = false;
 };
 
 struct PlanItem {
