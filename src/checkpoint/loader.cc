@@ -163,8 +163,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
                                           HostBufferPool& pool) {
   Agreement agree(comm, timeout_s, "checkpoint load from '" + root + "'");
   const int rank = agree.rank(), world = agree.size();
-  StateDict stored = dst;  // per-rank tensors as rows of [world, ...]
-  per_rank_as_stored(&stored, rank, world);
+  StateDict stored;  // dst with per-rank tensors as rows of [world, ...]
   std::string listing =
       agree.broadcast(rank == 0 ? list_candidates(root, options.step, fresh) : std::string(),
                       0, "listing checkpoints");
@@ -200,6 +199,8 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
       try {
         fault::fault_point("load_read");
         ckpt = open_checkpoint(dir);
+        stored = dst;  // inside the agreement: an invalid per-rank tensor raises everywhere
+        per_rank_as_stored(&stored, rank, world);
         plan = plan_load(ckpt, stored, options, rank);
         std::set<int> verify = plan.shards_read;
         for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world)
