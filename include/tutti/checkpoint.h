@@ -107,9 +107,10 @@ struct LoadOptions {
   // verifies.
   int64_t step = -1;
   // Tensor names, or prefixes ending in '/', that may be absent from the
-  // checkpoint or stored with another global shape (per-rank state such as
-  // error-feedback residuals after the world size changed).  Such tensors
-  // keep their current contents, with a logged warning.
+  // checkpoint or stored with another global shape (per-rank state without
+  // a ShardInfo::on_resize hook after the world size changed).  Such
+  // tensors keep their current contents, with a logged warning.  A per-rank
+  // tensor with a hook (error-feedback residuals) goes to its hook instead.
   std::vector<std::string> optional;
   // true: the job resumes from the loaded checkpoint.  Complete checkpoints
   // newer than it (they failed verification, or `step` asked for an older
@@ -167,8 +168,9 @@ class TUTTI_API CheckpointManager {
   // the state is copied: the tensors may change afterwards.
   //
   // The state: per-rank tensors with their ShardInfo (replicated, split
-  // along a dimension, or flat ZeRO-style); names must be unique, and every
-  // rank must save the same step.  Errors name the rank, step and tensor.
+  // along a dimension, flat ZeRO-style, or each rank's own: per_rank);
+  // names must be unique, and every rank must save the same step.  Errors
+  // name the rank, step and tensor.
   void save(int64_t step, const Components& components,
             const std::string& metadata_json = "{}");
   void save(int64_t step, const StateDict& state,
@@ -182,7 +184,9 @@ class TUTTI_API CheckpointManager {
 
   // Collective.  Loads the newest checkpoint that verifies into the
   // components' tensors (then calls their on_state_loaded()), resharding
-  // when the group size or a tensor's split changed.  Returns its step, or
+  // when the group size or a tensor's split changed (per-rank tensors saved
+  // by another group size go to their ShardInfo::on_resize hook, before
+  // on_state_loaded()).  Returns its step, or
   // nullopt when the directory holds no complete checkpoint (the tensors
   // are untouched).  A checkpoint that fails verification is skipped with a
   // logged reason; if none verifies, Error(kCorrupt).  No complete

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,18 @@
 #include "tutti/tensor.h"
 
 namespace tutti {
+
+// What a per-rank tensor's resize hook gets (ShardInfo::on_resize): the
+// checkpoint was written by `saved_world` ranks and is loaded by `world`.
+struct PerRankResize {
+  std::string name;     // the tensor's name in the checkpoint
+  Tensor saved;         // host memory, [saved_world, ...local shape]: row r
+                        // is what rank r saved
+  int saved_world = 0;
+  int world = 0;        // the loading group's size and this rank in it
+  int rank = 0;
+  Tensor dst;           // the tensor to write (the owner's own view)
+};
 
 // How a tensor relates to the global (unsharded) tensor it is part of.
 struct ShardInfo {
@@ -32,8 +45,22 @@ struct ShardInfo {
   // Flat ZeRO-style sharding: the global tensor is flattened and this rank
   // holds elements [offset, offset + numel) of it (dim is ignored).
   bool flat = false;
+  // Per-rank state: every rank of the checkpoint's group holds its own value
+  // (error-feedback residuals, a rank's RNG).  The checkpoint stores it as
+  // row <rank> of a [world, ...local shape] tensor (leave global_shape, dim,
+  // offset and flat unset); a load by as many ranks gives every rank its own
+  // row back, bit for bit.  A load by another number of ranks calls
+  // on_resize with every saved row; without a hook it is Error(kMismatch)
+  // unless LoadOptions::optional names the tensor (then it keeps its value,
+  // with a logged warning).  docs/checkpoint.md, "What survives a size
+  // change".
+  bool per_rank = false;
+  // Writes `dst` from the saved rows (on the loading thread, after every
+  // rank verified the checkpoint).  It may throw; the load then fails on
+  // every rank.
+  std::function<void(const PerRankResize&)> on_resize;
 
-  bool sharded() const { return dim >= 0 || flat; }
+  bool sharded() const { return dim >= 0 || flat || per_rank; }
 };
 
 struct NamedTensor {

@@ -55,6 +55,14 @@ ShardInfo shard_from(const pyb::handle& d) {
   if (dict.contains("offset")) s.offset = dict["offset"].cast<int64_t>();
   if (dict.contains("group")) s.group = dict["group"].cast<std::string>();
   if (dict.contains("flat")) s.flat = dict["flat"].cast<bool>();
+  if (dict.contains("per_rank")) s.per_rank = dict["per_rank"].cast<bool>();
+  for (const auto& kv : dict) {
+    const std::string k = pyb::str(kv.first);
+    TUTTI_ARG_CHECK(k == "global_shape" || k == "dim" || k == "offset" || k == "group" ||
+                        k == "flat" || k == "per_rank",
+                    "checkpoint shard dict: unknown key '", k, "' (expected global_shape, "
+                    "dim, offset, group, flat, per_rank)");
+  }
   return s;
 }
 
@@ -147,6 +155,15 @@ struct PyCheckpointManager {
 }  // namespace
 
 void bind_checkpoint(pyb::module_& m) {
+  pyb::enum_<FreshStart>(m, "FreshStart",
+                         "What a load that finds no complete checkpoint does where a "
+                         "history is expected (docs/checkpoint.md, 'Fresh starts').")
+      .value("FROM_SETTING", FreshStart::kFromSetting, "TUTTI_CKPT_FRESH_START")
+      .value("AUTO", FreshStart::kAuto,
+             "start fresh unless a history is expected (a 'latest' pointer, abandoned "
+             "checkpoints, or a tutti-run restart into an unused directory)")
+      .value("ALLOW", FreshStart::kAllow, "always start fresh (WARN when a history was expected)")
+      .value("REFUSE", FreshStart::kRefuse, "never: the job must resume");
   pyb::class_<PyCheckpointManager>(
       m, "CheckpointManager",
       "Sharded, checksummed, atomically committed checkpoints (safetensors "
@@ -155,8 +172,12 @@ void bind_checkpoint(pyb::module_& m) {
       "or (tensor, shard dict)}}; metadata: a JSON-serialisable dict.")
       .def(pyb::init([](std::shared_ptr<ProcessGroup> group, std::string dir, int keep_last,
                         bool async_save, double timeout, pyb::object mesh, bool direct_io,
-                        int64_t stream) {
+                        int64_t stream, FreshStart fresh_start, unsigned file_mode,
+                        unsigned dir_mode) {
              CheckpointOptions o;
+             o.fresh_start = fresh_start;
+             o.file_mode = file_mode;
+             o.dir_mode = dir_mode;
              o.dir = std::move(dir);
              o.keep_last = keep_last;
              o.async = async_save;
@@ -173,10 +194,14 @@ void bind_checkpoint(pyb::module_& m) {
            pyb::arg("group"), pyb::arg("dir") = "", pyb::kw_only(), pyb::arg("keep_last") = 0,
            pyb::arg("async_save") = true, pyb::arg("timeout") = 0.0,
            pyb::arg("mesh") = pyb::none(), pyb::arg("direct_io") = true,
-           pyb::arg("stream") = 0,
+           pyb::arg("stream") = 0, pyb::arg("fresh_start") = FreshStart::kFromSetting,
+           pyb::arg("file_mode") = 0u, pyb::arg("dir_mode") = 0u,
            "dir '' means TUTTI_CKPT_DIR; keep_last <= 0 means TUTTI_CKPT_KEEP; "
            "timeout <= 0 means TUTTI_CKPT_TIMEOUT.  direct_io: shard data written "
-           "with O_DIRECT (buffered where the file system has none).  Collective.")
+           "with O_DIRECT (buffered where the file system has none).  fresh_start: "
+           "a FreshStart (FROM_SETTING: TUTTI_CKPT_FRESH_START).  file_mode / "
+           "dir_mode: permissions of what tutti creates, less the umask (0: "
+           "TUTTI_CKPT_FILE_MODE 0600 / TUTTI_CKPT_DIR_MODE 0700).  Collective.")
       .def("save",
            [](PyCheckpointManager& self, int64_t step, pyb::handle state, pyb::object metadata) {
              Prepared p = prepare(state);
@@ -202,11 +227,12 @@ void bind_checkpoint(pyb::module_& m) {
       })
       .def("load",
            [](PyCheckpointManager& self, pyb::handle state, int64_t step,
-              std::vector<std::string> optional) -> pyb::object {
+              std::vector<std::string> optional, bool resume) -> pyb::object {
              Prepared p = prepare(state);
              LoadOptions o;
              o.step = step;
              o.optional = std::move(optional);
+             o.resume = resume;
              CheckpointManager& mgr = self.get();
              std::optional<LoadResult> r;
              {
@@ -223,11 +249,13 @@ void bind_checkpoint(pyb::module_& m) {
              return std::move(d);
            },
            pyb::arg("state"), pyb::kw_only(), pyb::arg("step") = -1,
-           pyb::arg("optional") = std::vector<std::string>{},
+           pyb::arg("optional") = std::vector<std::string>{}, pyb::arg("resume") = true,
            "Collective: loads the newest checkpoint that verifies (or exactly "
            "`step`) into the state's tensors, resharding as needed.  Returns "
            "{step, name, metadata, saved_world_size, skipped} or None when there "
-           "is none.  `optional`: names or 'prefix/' that may be absent.")
+           "is none.  `optional`: names or 'prefix/' that may be absent.  "
+           "resume=False: a read-only load that changes nothing in the directory "
+           "(newer checkpoints are not set aside as an abandoned timeline).")
       .def("latest_step", [](PyCheckpointManager& self) {
         CheckpointManager& mgr = self.get();
         pyb::gil_scoped_release nogil;

@@ -48,6 +48,14 @@ void bind_preemption(pyb::module_& m) {
       .value("REBALANCE", NoticeKind::kRebalance)
       .value("STOP", NoticeKind::kStop);
 
+  pyb::enum_<PreemptionAction>(m, "PreemptionAction",
+                                "What every rank does at a step boundary (decide()).")
+      .value("CONTINUE", PreemptionAction::kContinue)
+      .value("SAVE_NOW", PreemptionAction::kSaveNow,
+             "an early warning (AWS rebalance recommendation): save now, keep training")
+      .value("STOP", PreemptionAction::kStop,
+             "save, wait for the commit, exit_preempted()");
+
   auto group_or_world = [](std::shared_ptr<ProcessGroup> g) {
     return g ? g : world();
   };
@@ -109,6 +117,17 @@ void bind_preemption(pyb::module_& m) {
            pyb::arg("group") = pyb::none(),
            "Collective: True on every rank at the same call once any rank saw a "
            "stop notice (or a rebalance with stop_on_rebalance).")
+      .def("decide",
+           [group_or_world](PyMonitor& p, std::shared_ptr<ProcessGroup> g) {
+             auto group = group_or_world(g);
+             PreemptionMonitor& mon = p.get();
+             pyb::gil_scoped_release nogil;
+             return mon.decide(*group);
+           },
+           pyb::arg("group") = pyb::none(),
+           "Collective: the agreed notice as a PreemptionAction, the same on every "
+           "rank: STOP as should_stop(); SAVE_NOW at the first call that agrees on a "
+           "rebalance recommendation (once per monitor); else CONTINUE.")
       .def("notify",
            [](PyMonitor& p, NoticeKind kind, const std::string& source,
               const std::string& detail) { p.get().notify(kind, source, detail); },

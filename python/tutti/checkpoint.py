@@ -16,8 +16,14 @@
 ``state`` maps a component name to a tutti Stateful (loss scaler,
 compressor, tensor-parallel layer) or to a dict ``name -> tensor`` or
 ``name -> (tensor, shard)`` where ``shard`` is
-``{"global_shape", "dim", "offset", "group", "flat"}`` (replicated when
-omitted).  Checkpoints are safetensors shards plus a manifest
+``{"global_shape", "dim", "offset", "group", "flat", "per_rank"}``
+(replicated when omitted; ``per_rank``: every rank's own value, stored as
+row ``rank`` of ``[world, ...]``; at another world size such a tensor must
+be listed in ``optional`` and keeps its value).  ``CheckpointManager(...,
+fresh_start=FreshStart.REFUSE, file_mode=0o600, dir_mode=0o700)`` and
+``load(..., resume=False)`` (a read-only load) mirror the C++ options;
+``PreemptionMonitor.decide()`` returns a ``PreemptionAction`` (``SAVE_NOW``
+on an AWS rebalance recommendation: save, keep training).  Checkpoints are safetensors shards plus a manifest
 (docs/checkpoint.md); ``tutti.torch.checkpoint`` saves a whole PyTorch
 training state.
 
@@ -52,6 +58,8 @@ def _missing(what):
 CheckpointManager = getattr(_C, "CheckpointManager", None) or _missing("CheckpointManager")
 PreemptionMonitor = getattr(_C, "PreemptionMonitor", None) or _missing("PreemptionMonitor")
 NoticeKind = getattr(_C, "NoticeKind", None)
+PreemptionAction = getattr(_C, "PreemptionAction", None)
+FreshStart = getattr(_C, "FreshStart", None)
 list_checkpoints = getattr(_C, "list_checkpoints", None) or _missing("list_checkpoints")
 verify_checkpoint = getattr(_C, "verify_checkpoint", None) or _missing("verify_checkpoint")
 
@@ -73,6 +81,7 @@ def exit_preempted():
     sys.exit(PREEMPTED_EXIT_CODE)
 
 
-__all__ = ["CheckpointManager", "PreemptionMonitor", "NoticeKind", "PREEMPTED_EXIT_CODE",
+__all__ = ["CheckpointManager", "PreemptionMonitor", "NoticeKind", "PreemptionAction",
+           "FreshStart", "PREEMPTED_EXIT_CODE",
            "available", "close_all", "exit_preempted", "list_checkpoints",
            "verify_checkpoint"]

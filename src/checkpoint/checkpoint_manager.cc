@@ -22,6 +22,7 @@
 #include "checkpoint/file_util.h"
 #include "checkpoint/loader.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/shard_geometry.h"
 #include "checkpoint/snapshot.h"
 #include "core/check.h"
 #include "tutti/config.h"
@@ -205,7 +206,9 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
   try {
     TUTTI_ARG_CHECK(step >= 0, "checkpoint step ", step, " is negative");
     job->metadata = ckpt::parse_user_metadata(metadata);
-    job->snap = ckpt::take_snapshot(state(), step, pool_, copier_);
+    StateDict st = state();
+    ckpt::per_rank_as_stored(&st, comm_->rank(), comm_->size());
+    job->snap = ckpt::take_snapshot(st, step, pool_, copier_);
   } catch (const Error&) {
     invalid = std::current_exception();
   }

@@ -73,6 +73,55 @@ OpenedCheckpoint open_checkpoint(const std::string& dir) {
   return c;
 }
 
+namespace {
+
+// A per-rank tensor whose stored rows differ from the destination's only in
+// their number, which is the checkpoint's world size, and that has a hook.
+bool resizable(const NamedTensor& nt, const Placement& dst, const StoredTensor& stored,
+               int saved_world) {
+  const std::vector<int64_t>& g = stored.placement.global_shape;
+  return nt.shard.per_rank && nt.shard.on_resize && stored.dtype == nt.tensor.dtype() &&
+         g.size() == dst.global_shape.size() && !g.empty() && g[0] == saved_world &&
+         std::equal(g.begin() + 1, g.end(), dst.global_shape.begin() + 1);
+}
+
+// The pieces that give a destination placed at `dp` its `need` elements.
+PlanItem plan_sources(const OpenedCheckpoint& ckpt,
+                      std::vector<std::pair<int, const StoredTensor*>> order,
+                      const Placement& dp, uint64_t need, int rank, const std::string& what,
+                      std::set<int>* shards_read) {
+  const int nshards = static_cast<int>(ckpt.shards.size());
+  // Prefer this rank's own shard, then the following ones, so that ranks
+  // spread their reads of replicated tensors.
+  const int start = nshards > 0 ? rank % nshards : 0;
+  std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    return (a.first - start + nshards) % nshards < (b.first - start + nshards) % nshards;
+  });
+  const std::vector<Run> dst_runs = placement_runs(dp);
+  IntervalSet covered;
+  PlanItem item;
+  for (const auto& p : order) {
+    if (covered.total() >= need) break;
+    PieceCopies pc;
+    pc.shard = p.first;
+    pc.piece = p.second;
+    pc.copies = plan_copies(placement_runs(p.second->placement), dst_runs, covered);
+    if (pc.copies.empty()) continue;
+    shards_read->insert(p.first);
+    item.sources.push_back(std::move(pc));
+  }
+  // covered counts global elements, and dst_runs hold exactly `need`.
+  if (covered.total() < need) {
+    TUTTI_THROW(kCorrupt, "checkpoint ", ckpt.manifest.name, " lacks ",
+                need - covered.total(), " of the ", need,
+                " elements this rank needs of ", what,
+                " (no shard holds them; was it written by a different job?)");
+  }
+  return item;
+}
+
+}  // namespace
+
 LoadPlan plan_load(const OpenedCheckpoint& ckpt, const StateDict& dst,
                    const LoadOptions& options, int rank) {
   LoadPlan plan;
@@ -101,7 +150,36 @@ LoadPlan plan_load(const OpenedCheckpoint& ckpt, const StateDict& dst,
       else if (first->placement.global_shape != dp.global_shape)
         problem = detail::cat("has global shape ", shape_str(dp.global_shape),
                               " but checkpoint ", ckpt.manifest.name, " stores ",
-                              shape_str(first->placement.global_shape));
+                              shape_str(first->placement.global_shape),
+                              nt.shard.per_rank
+                                  ? detail::cat(" (per-rank state of ", ckpt.manifest.world_size,
+                                                " ranks: give it a ShardInfo::on_resize hook "
+                                                "or list it in LoadOptions::optional)")
+                                  : std::string());
+    }
+    if (!problem.empty() && it != ckpt.pieces.end() && resizable(nt, dp, *it->second.front().second,
+                                                              ckpt.manifest.world_size)) {
+      ResizedRows rr;
+      rr.dst = i;
+      std::vector<int64_t> dims = it->second.front().second->placement.global_shape;
+      rr.bytes.assign(static_cast<size_t>(checked_numel(dims, what)) *
+                          dtype_size(nt.tensor.dtype()), 0);
+      rr.rows = Tensor(rr.bytes.data(), nt.tensor.dtype(), Shape(dims));
+      const Placement rows = make_placement(dims, ShardInfo(), ErrorCode::kInvalidArgument, what);
+      std::set<int> read;
+      PlanItem item = plan_sources(ckpt, it->second, rows,
+                                   static_cast<uint64_t>(rr.rows.numel()), rank, what, &read);
+      for (PieceCopies& pc : item.sources) {
+        const uint64_t n = (pc.piece->end - pc.piece->begin) / dtype_size(pc.piece->dtype);
+        pc.check_in_place = pc.copies.size() == 1 && pc.copies[0].src == 0 &&
+                            pc.copies[0].len == n;
+        if (!pc.check_in_place) plan.shards_read.insert(pc.shard);
+      }
+      item.dst = i;
+      item.resized = static_cast<int>(plan.resized.size());
+      plan.resized.push_back(std::move(rr));
+      plan.items.push_back(std::move(item));
+      continue;
     }
     if (!problem.empty()) {
       if (optional) {
@@ -112,40 +190,29 @@ LoadPlan plan_load(const OpenedCheckpoint& ckpt, const StateDict& dst,
       }
       TUTTI_THROW(kMismatch, what, " ", problem);
     }
-    // Prefer this rank's own shard, then the following ones, so that ranks
-    // spread their reads of replicated tensors.
-    std::vector<std::pair<int, const StoredTensor*>> order = it->second;
-    const int start = nshards > 0 ? rank % nshards : 0;
-    std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
-      return (a.first - start + nshards) % nshards < (b.first - start + nshards) % nshards;
-    });
-    const std::vector<Run> dst_runs = placement_runs(dp);
-    const uint64_t need = static_cast<uint64_t>(nt.tensor.numel());
-    IntervalSet covered;
-    PlanItem item;
+    PlanItem item = plan_sources(ckpt, it->second, dp, static_cast<uint64_t>(nt.tensor.numel()),
+                                 rank, what, &plan.shards_read);
     item.dst = i;
-    for (const auto& p : order) {
-      if (covered.total() >= need) break;
-      PieceCopies pc;
-      pc.shard = p.first;
-      pc.piece = p.second;
-      pc.copies = plan_copies(placement_runs(p.second->placement), dst_runs, covered);
-      if (pc.copies.empty()) continue;
-      plan.shards_read.insert(p.first);
-      item.sources.push_back(std::move(pc));
-    }
-    // covered counts global elements, and dst_runs hold exactly `need`.
-    if (covered.total() < need) {
-      TUTTI_THROW(kCorrupt, "checkpoint ", ckpt.manifest.name, " lacks ",
-                  need - covered.total(), " of the ", need,
-                  " elements this rank needs of ", what,
-                  " (no shard holds them; was it written by a different job?)");
-    }
     plan.items.push_back(std::move(item));
   }
   for (const auto& kv : ckpt.pieces)
     if (!wanted.count(kv.first)) ++plan.unused;
   return plan;
+}
+
+void apply_resized(const LoadPlan& plan, const StateDict& dst, int saved_world,
+                   int world, int rank) {
+  for (const ResizedRows& rr : plan.resized) {
+    const NamedTensor& nt = dst[rr.dst];
+    PerRankResize r;
+    r.name = nt.name;
+    r.saved = rr.rows;
+    r.saved_world = saved_world;
+    r.world = world;
+    r.rank = rank;
+    r.dst = nt.tensor;
+    nt.shard.on_resize(r);
+  }
 }
 
 }  // namespace ckpt

@@ -41,27 +41,53 @@ struct PieceCopies {
   int shard = 0;
   const StoredTensor* piece = nullptr;
   std::vector<CopyRange> copies;
+  // The copies read the whole piece into host memory (a resized per-rank
+  // row): execute_plan checks its checksum there, so its shard need not be
+  // verified in full (a resize would otherwise read every shard on every
+  // rank).
+  bool check_in_place = false;
 };
 
 struct PlanItem {
   size_t dst = 0;  // index into the destination StateDict
+  int resized = -1;  // >= 0: read into LoadPlan::resized[resized].rows instead
   std::vector<PieceCopies> sources;
+};
+
+// A per-rank tensor (ShardInfo::per_rank) saved by another number of ranks:
+// every saved row is read into host memory, then handed to the tensor's
+// on_resize hook (apply_resized).
+struct ResizedRows {
+  size_t dst = 0;                    // index into the destination StateDict
+  std::vector<unsigned char> bytes;  // [saved world, ...local shape]
+  Tensor rows;                       // a host view of `bytes`
 };
 
 struct LoadPlan {
   std::vector<PlanItem> items;
+  std::vector<ResizedRows> resized;
   std::set<int> shards_read;
   std::vector<std::string> skipped;  // optional tensors left unchanged
   size_t unused = 0;                 // stored tensors nobody asked for
 };
 
-// Plans the load of `dst` on rank `rank` of `world`.  A destination tensor
-// that is not in the checkpoint, or is stored with another dtype or global
-// shape, is Error(kMismatch) unless LoadOptions::optional names it.  Pieces
+// Plans the load of `dst` on rank `rank` (per-rank tensors already in their
+// stored form, per_rank_as_stored).  A destination tensor that is not in
+// the checkpoint, or is stored with another dtype or global shape, is
+// Error(kMismatch) unless LoadOptions::optional names it -- except a
+// per-rank tensor with an on_resize hook whose saved rows differ only in
+// number (the checkpoint's world size): its rows are planned into
+// LoadPlan::resized.  Pieces
 // are taken starting at shard (rank mod shards), so ranks spread their reads
 // of replicated tensors over the shards.
 LoadPlan plan_load(const OpenedCheckpoint& ckpt, const StateDict& dst,
                    const LoadOptions& options, int rank);
+
+// Calls the on_resize hook of every per-rank tensor in plan.resized, after
+// execute_plan() filled the rows.  `dst`: the state as the owners gave it
+// (before per_rank_as_stored).
+void apply_resized(const LoadPlan& plan, const StateDict& dst, int saved_world,
+                   int world, int rank);
 
 bool is_optional(const std::string& name, const LoadOptions& options);
 

@@ -163,6 +163,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
                                           HostBufferPool& pool) {
   Agreement agree(comm, timeout_s, "checkpoint load from '" + root + "'");
   const int rank = agree.rank(), world = agree.size();
+  StateDict stored;  // dst with per-rank tensors as rows of [world, ...]
   std::string listing =
       agree.broadcast(rank == 0 ? list_candidates(root, options.step, fresh) : std::string(),
                       0, "listing checkpoints");
@@ -198,7 +199,9 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
       try {
         fault::fault_point("load_read");
         ckpt = open_checkpoint(dir);
-        plan = plan_load(ckpt, dst, options, rank);
+        stored = dst;  // inside the agreement: an invalid per-rank tensor raises everywhere
+        per_rank_as_stored(&stored, rank, world);
+        plan = plan_load(ckpt, stored, options, rank);
         std::set<int> verify = plan.shards_read;
         for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world)
           verify.insert(s);
@@ -212,7 +215,8 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
         // Verified everywhere: now write into the destination tensors.
         touched = true;
         try {
-          execute_plan(ckpt, plan, dst, pool);
+          execute_plan(ckpt, plan, stored, pool);
+          apply_resized(plan, dst, ckpt.manifest.world_size, world, rank);
         } catch (const Error& e) {
           status = classify(e);
           reason = e.message();

@@ -13,6 +13,31 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+NamedTensor per_rank_as_stored(const NamedTensor& nt, int rank, int world) {
+  if (!nt.shard.per_rank) return nt;
+  const Shape& local = nt.tensor.shape();
+  TUTTI_ARG_CHECK(nt.shard.global_shape.empty() && nt.shard.dim < 0 && !nt.shard.flat,
+                  "tensor '", nt.name, "' is per-rank (ShardInfo::per_rank) but also sets ",
+                  "global_shape, dim or flat; the checkpoint places per-rank rows itself");
+  TUTTI_ARG_CHECK(local.ndim() < Shape::kMaxDims, "per-rank tensor '", nt.name, "' ",
+                  local.str(), " has ", local.ndim(), " dimensions; the stored [world, ...] ",
+                  "tensor allows at most ", Shape::kMaxDims - 1);
+  std::vector<int64_t> dims = local.vec();
+  dims.insert(dims.begin(), 1);
+  NamedTensor out = nt;
+  out.tensor = Tensor(nt.tensor.data(), nt.tensor.dtype(), Shape(dims), nt.tensor.device());
+  dims[0] = world;
+  out.shard.global_shape = dims;
+  out.shard.dim = 0;
+  out.shard.offset = rank;
+  return out;
+}
+
+void per_rank_as_stored(StateDict* state, int rank, int world) {
+  for (NamedTensor& nt : *state)
+    if (nt.shard.per_rank) nt = per_rank_as_stored(nt, rank, world);
+}
+
 Placement make_placement(const std::vector<int64_t>& local_shape,
                          const ShardInfo& info, ErrorCode code,
                          const std::string& what) {

@@ -43,6 +43,14 @@ Placement make_placement(const std::vector<int64_t>& local_shape,
                          const ShardInfo& info, ErrorCode code,
                          const std::string& what);
 
+// A per-rank tensor (ShardInfo::per_rank) as the checkpoint stores it: the
+// local tensor viewed as [1, ...local shape], row `rank` of
+// [world, ...local shape] (dim 0, offset rank).  Other tensors unchanged.
+// kInvalidArgument when a per-rank tensor also sets global_shape, dim or
+// flat, or has kMaxDims dimensions already.
+NamedTensor per_rank_as_stored(const NamedTensor& nt, int rank, int world);
+void per_rank_as_stored(StateDict* state, int rank, int world);
+
 struct Run {
   uint64_t begin = 0;  // global element index
   uint64_t len = 0;

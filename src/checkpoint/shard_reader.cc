@@ -89,6 +89,12 @@ void read_piece(const File& f, uint64_t base, const std::vector<CopyRange>& copi
   }
 }
 
+[[noreturn]] void bad_checksum(const std::string& path, const std::string& tensor, uint64_t h,
+                               uint64_t want) {
+  TUTTI_THROW(kCorrupt, "'", path, "': tensor '", tensor, "' fails its checksum (xxh64 ",
+              hex64(h), ", header says ", hex64(want), "): the shard is corrupt");
+}
+
 }  // namespace
 
 void verify_shard_data(const ShardIndex& shard, HostBufferPool& pool) {
@@ -102,10 +108,7 @@ void verify_shard_data(const ShardIndex& shard, HostBufferPool& pool) {
   auto start_tensor = [&] { XXH64_reset(st.s, 0); };
   auto check = [&](const StoredTensor& x) {
     const uint64_t h = XXH64_digest(st.s);
-    if (h != x.xxh64)
-      TUTTI_THROW(kCorrupt, "'", shard.path, "': tensor '", x.name,
-                  "' fails its checksum (xxh64 ", hex64(h), ", header says ",
-                  hex64(x.xxh64), "): the shard is corrupt");
+    if (h != x.xxh64) bad_checksum(shard.path, x.name, h, x.xxh64);
   };
   start_tensor();
   // Tensors tile the data region in order (the parser checked it), so one
@@ -136,7 +139,9 @@ void execute_plan(const OpenedCheckpoint& ckpt, const LoadPlan& plan,
                   const StateDict& dst, HostBufferPool& pool) {
   std::map<int, File> files;
   for (const auto& item : plan.items) {
-    const Tensor& d = dst[item.dst].tensor;
+    const Tensor& d = item.resized >= 0
+                          ? plan.resized[static_cast<size_t>(item.resized)].rows
+                          : dst[item.dst].tensor;
     for (const auto& src : item.sources) {
       auto it = files.find(src.shard);
       if (it == files.end())
@@ -145,7 +150,15 @@ void execute_plan(const OpenedCheckpoint& ckpt, const LoadPlan& plan,
                  .first;
       const uint64_t base =
           ckpt.shards[static_cast<size_t>(src.shard)].data_start + src.piece->begin;
-      read_piece(it->second, base, src.copies, dtype_size(src.piece->dtype), d, pool);
+      const size_t es = dtype_size(src.piece->dtype);
+      read_piece(it->second, base, src.copies, es, d, pool);
+      if (src.check_in_place) {
+        const auto* bytes = static_cast<const unsigned char*>(d.data()) + src.copies[0].dst * es;
+        const uint64_t h = XXH64(bytes, static_cast<size_t>(src.copies[0].len * es), 0);
+        if (h != src.piece->xxh64)
+          bad_checksum(ckpt.shards[static_cast<size_t>(src.shard)].path, src.piece->name, h,
+                       src.piece->xxh64);
+      }
     }
   }
 }

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "compression/hash.h"
 #include "core/fast_convert.h"
+#include "tutti/log.h"
 
 #if TUTTI_WITH_CUDA
 #include "kernels/compression_common.h"
@@ -424,6 +425,7 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
                   "] ", l.device.str());
   TUTTI_ARG_CHECK(t.data() != nullptr || t.numel() == 0, name_,
                   " compressor: bucket ", id, " has no data");
+  b.world = ctx.comm->size();
   if (t.numel() == 0) {
     b.steps += 1;
     return;
@@ -508,12 +510,70 @@ StateDict BucketCompressor::state_dict() {
     if (const DeviceArray* res = residual(kv.first)) {
       append_state_tensor(&out, state_name(kv.first, "grad_scale"),
                           Tensor::of(&kv.second.grad_scale, 1));
+      append_state_tensor(&out, state_name(kv.first, "world"),
+                          Tensor::of(&kv.second.world, 1));
+      // Per rank: each rank's error differs (saved as row <rank>); a load by
+      // another number of ranks gives every rank the saved rows' mean.
       append_state_tensor(&out, state_name(kv.first, "residual"),
                           res->flat(DType::kFloat32));
+      ShardInfo& s = out.back().shard;
+      s.per_rank = true;
+      s.group = "dp";
+      const int id = kv.first;
+      s.on_resize = [this, id](const PerRankResize& r) { resize_residual(id, r); };
     }
     append_state(kv.first, &out);
   }
   return out;
+}
+
+// The reducer averages C(g_r + e_r) over the W ranks, so what the ranks
+// still owe the AVERAGE gradient is (1/W) * sum_r e_r: the mean residual.
+// Giving each of the W' new ranks that mean keeps it, (1/W') * W' * mean;
+// keeping rank r's own residual would change it by a factor W/W' and by
+// whatever rows have no rank any more.  The mean is summed in float64 in
+// row order and rounded once: the same bits on every rank.  The residuals
+// stay in the saved grad_scale's units (replicated, loaded alongside).
+void BucketCompressor::resize_residual(int id, const PerRankResize& r) {
+  const DeviceArray* res = residual(id);
+  bucket(id);  // throws for an unknown id
+  Bucket& b = buckets_.find(id)->second;
+  const int64_t n = static_cast<int64_t>(res->bytes() / 4);
+  TUTTI_CHECK(r.saved.dtype() == DType::kFloat32 && r.saved_world > 0 &&
+                  r.saved.numel() == static_cast<int64_t>(r.saved_world) * n,
+              name_, " compressor: '", r.name, "' holds ", r.saved.str(), " for ",
+              r.saved_world, " saved ranks; expected float32 rows of ", n, " elements");
+  const float* rows = r.saved.data_as<float>();
+  std::vector<float> mean(static_cast<size_t>(n));
+  // `world` (replicated) was loaded before this hook runs.  Rows of a
+  // checkpoint group larger than the compressor's (tensor parallelism
+  // inside data parallelism) belong to different TP shards: their mean
+  // would be wrong, so the residual restarts from zero, loudly.
+  const bool one_group = b.world == 0 || b.world == r.saved_world;
+  if (!one_group) {
+    if (r.rank == 0)
+      TUTTI_LOG(kWarn) << name_ << " compressor: '" << r.name << "' holds "
+                       << r.saved_world << " ranks' residuals but the saved job ran the "
+                       << "compressor on groups of " << b.world
+                       << " (tensor parallelism?): residuals of different groups cannot "
+                          "be averaged, so every rank's residual restarts from zero "
+                          "(the error owed to the average gradient is dropped)";
+    rows = nullptr;
+  }
+  for (int64_t i = 0; rows && i < n; ++i) {
+    double sum = 0;
+    for (int64_t w = 0; w < r.saved_world; ++w) sum += rows[w * n + i];
+    mean[static_cast<size_t>(i)] = static_cast<float>(sum / r.saved_world);
+  }
+  cuda::OptionalDeviceGuard on_device(b.layout.device);
+  copy_from_host(b.layout.device, res->data(), mean.data(), mean.size() * 4, nullptr);
+  // The rows are now the new group's (or zero, which any group may share).
+  b.world = one_group ? r.world : 0;
+  if (r.rank == 0 && one_group)
+    TUTTI_LOG(kInfo) << name_ << " compressor: '" << r.name << "' was saved by "
+                     << r.saved_world << " ranks and is loaded by " << r.world
+                     << ": every rank starts from the mean of the saved residuals "
+                        "(the error owed to the averaged gradient is kept)";
 }
 
 void BucketCompressor::on_state_loaded() {

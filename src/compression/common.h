@@ -209,7 +209,9 @@ class BucketCompressor : public Compressor {
   // for Inf/NaN and agrees on it across ranks before run() (see
   // tutti/compression.h), rescales the residual when
   // CompressContext::grad_scale changes, and state_dict() reports it as
-  // "<prefix>/bucket<id>/residual" (before append_state()'s entries).
+  // "<prefix>/bucket<id>/residual" (before append_state()'s entries), per
+  // rank (ShardInfo::per_rank; a load by another number of ranks gives
+  // every rank the mean of the saved residuals: docs/compression.md).
   virtual const DeviceArray* residual(int id) const { return nullptr; }
   std::string state_name(int id, const char* what) const;
   // OpOptions for a collective of this bucket ("compressor/topk/bucket3/P").
@@ -225,12 +227,18 @@ class BucketCompressor : public Compressor {
     // the bucket's device (allocated in setup(), so a step allocates
     // nothing).
     float grad_scale = 1.0f;
+    // The size of the group the last step ran on (state
+    // "<prefix>/bucket<id>/world"; 0 before the first step): a resize
+    // averages saved residuals only when they are one group's.
+    int64_t world = 0;
     DeviceArray flag;
   };
   // Error feedback: true when some rank's bucket holds Inf/NaN.  The one
   // host sync of an error-feedback step on CUDA (see the definition).
   bool any_rank_nonfinite(Bucket& b, const Tensor& t, const CompressContext& ctx);
   const Bucket& bucket(int id) const;
+  // The on_resize hook of bucket `id`'s residual (ShardInfo::per_rank).
+  void resize_residual(int id, const PerRankResize& r);
 
   std::string name_;
   std::string prefix_;

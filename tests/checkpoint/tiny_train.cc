@@ -28,7 +28,10 @@
 //   tiny_train --dir D --steps N [--save-every K] [--zero] [--compress]
 //              [--step-ms M] [--kill-at S] [--out PREFIX] [--reset-compressor]
 // Prints "RESUMED <step>" / "FRESH", "PREEMPTED <step>" on a stop notice
-// (exit 75 after the checkpoint committed), "DONE <step>" at the end.
+// (exit 75 after the checkpoint committed), "SAVED-NOW <step>" when the
+// ranks agree on a rebalance recommendation (PreemptionMonitor::decide:
+// a checkpoint of that step, and training goes on), "DONE <step>" at the
+// end.
 // --kill-at S: SIGKILL rank (S mod world) at step S while its async save of
 // step S may still be in flight -- only when TUTTI_RESTART_COUNT is unset or
 // 0, so that the job tutti-run restarts runs to the end.
@@ -375,7 +378,8 @@ int main(int argc, char** argv) {
 
   for (int64_t step = start + 1; step <= steps; ++step) {
     t.step();
-    if (monitor.should_stop(*t.w)) {
+    const PreemptionAction action = monitor.decide(*t.w);  // collective
+    if (action == PreemptionAction::kStop) {
       ckpt.save(step, parts, meta());
       ckpt.wait();
       if (t.w->rank() == 0) {
@@ -385,7 +389,18 @@ int main(int argc, char** argv) {
       }
       exit_preempted();
     }
-    if (step % save_every == 0) ckpt.save(step, parts, meta());
+    if (action == PreemptionAction::kSaveNow) {
+      // An early warning (AWS rebalance recommendation): a checkpoint now,
+      // committed in the background while training goes on.
+      ckpt.save(step, parts, meta());
+      if (t.w->rank() == 0) {
+        std::printf("SAVED-NOW %lld (%s)\n", static_cast<long long>(step),
+                    monitor.notice() ? monitor.notice()->source.c_str() : "another rank");
+        std::fflush(stdout);
+      }
+    } else if (step % save_every == 0) {
+      ckpt.save(step, parts, meta());
+    }
     if (step == kill_at && first_attempt && t.w->rank() == step % t.w->size()) {
       std::printf("KILLING rank %d at step %lld\n", t.w->rank(), static_cast<long long>(step));
       std::fflush(stdout);

@@ -258,3 +258,111 @@ def test_torch_training_resumes_bit_exactly(world, rank, size, ckpt_dir):
     assert scaler2.get_scale() == expect_scale
     assert opt2.param_groups[0]["betas"] == opt.param_groups[0]["betas"]
     mgr.close()
+
+
+def test_decide_saves_now_on_a_rebalance_and_stops_on_a_stop(world, rank, size):
+    A = tutti.checkpoint.PreemptionAction
+    with tutti.PreemptionMonitor(sources="none", stop_on_rebalance=False) as mon:
+        assert mon.decide() == A.CONTINUE
+        if rank == 0:
+            mon.notify(tutti.NoticeKind.REBALANCE, "test")
+        assert mon.decide(world) == A.SAVE_NOW  # every rank, the same call
+        assert mon.decide() == A.CONTINUE       # once per monitor
+        if rank == size - 1:
+            mon.notify(tutti.NoticeKind.STOP, "test")
+        assert mon.decide() == A.STOP and mon.should_stop()
+
+
+def _tree(path):
+    return sorted(os.listdir(path))
+
+
+def test_read_only_load_resume_false_changes_nothing(world, rank, size, ckpt_dir):
+    mgr = tutti.CheckpointManager(world, ckpt_dir, keep_last=5)
+    w = np.zeros(3, np.float32)
+    for step in (1, 2):
+        w[:] = step
+        mgr.save(step, {"m": {"w": w}})
+    mgr.wait()
+    world.barrier()
+    before = _tree(ckpt_dir)
+    res = mgr.load({"m": {"w": w}}, step=1, resume=False)
+    assert res["step"] == 1 and w.tolist() == [1.0] * 3
+    world.barrier()
+    assert _tree(ckpt_dir) == before, "a read-only load renamed or removed something"
+    res = mgr.load({"m": {"w": w}}, step=1)  # resume=True: step 2 is abandoned
+    world.barrier()
+    assert "abandoned-step-00000002" in _tree(ckpt_dir)
+    assert [c["step"] for c in mgr.list() if c["complete"]] == [1]
+    mgr.close()
+
+
+def test_fresh_start_and_permission_options(world, rank, size, ckpt_dir):
+    F = tutti.checkpoint.FreshStart
+    assert {F.FROM_SETTING, F.AUTO, F.ALLOW, F.REFUSE} == set(F.__members__.values())
+    empty = os.path.join(ckpt_dir, "empty")
+    with tutti.CheckpointManager(world, empty, fresh_start=F.REFUSE) as mgr:
+        with pytest.raises(tutti.CheckpointError, match="history was expected"):
+            mgr.load({"m": {"w": np.zeros(1)}})
+    with tutti.CheckpointManager(world, empty, fresh_start=F.ALLOW) as mgr:
+        assert mgr.load({"m": {"w": np.zeros(1)}}) is None
+    modes = os.path.join(ckpt_dir, "modes")
+    old = os.umask(0o022)
+    try:
+        with tutti.CheckpointManager(world, modes, file_mode=0o640, dir_mode=0o750,
+                                     async_save=False) as mgr:
+            mgr.save(1, {"m": {"w": np.ones(2)}})
+            step_dir = mgr.list()[-1]["path"]
+    finally:
+        os.umask(old)
+    world.barrier()
+    assert os.stat(step_dir).st_mode & 0o777 == 0o750
+    shard = [f for f in os.listdir(step_dir) if f.endswith(".safetensors")][0]
+    assert os.stat(os.path.join(step_dir, shard)).st_mode & 0o777 == 0o640
+    assert os.stat(os.path.join(step_dir, "manifest.json")).st_mode & 0o777 == 0o640
+
+
+def test_per_rank_dict_tensors_and_the_rng_after_a_resize(world, rank, size, ckpt_dir):
+    """Per-rank tensors come back as each rank's own row; saved by k = size - 1
+    ranks and loaded by all, tutti.torch restores rank r's RNG where the saving
+    job had a rank r and reseeds the new rank from (step, rank)."""
+    if size < 2:
+        pytest.skip("needs two ranks")
+    k = size - 1
+    sub = world.split(0 if rank < k else -1, rank, "savers")
+    expect_rng = None
+    if sub is not None:
+        torch.manual_seed(1000 + rank)
+        expect_rng = torch.get_rng_state().clone()
+        blob = hvd.checkpoint._rng_blob()
+        with tutti.CheckpointManager(sub, ckpt_dir, async_save=False) as mgr:
+            mine = np.full(3, rank + 1, np.float32)
+            mgr.save(7, {"pr": {"v": (mine, {"per_rank": True})},
+                         "rng": {"state": (blob, {"global_shape": [k, hvd.checkpoint.RNG_BYTES],
+                                                  "dim": 0, "offset": rank})}})
+            mine[:] = 0
+            mgr.load({"pr": {"v": (mine, {"per_rank": True})}})
+            assert mine.tolist() == [rank + 1.0] * 3  # its own row, not rank 0's
+    world.barrier()
+    torch.manual_seed(5)  # a fresh process's state
+    with tutti.CheckpointManager(world, ckpt_dir) as mgr:
+        v = np.zeros(3, np.float32)
+        with pytest.raises(tutti.MismatchError, match=f"per-rank state of {k} ranks"):
+            mgr.load({"pr": {"v": (v, {"per_rank": True})}}, resume=False)
+        res = mgr.load({"pr": {"v": (v, {"per_rank": True})}}, optional=["pr/"], resume=False)
+        assert res["skipped"] == ["pr/v"] and v.tolist() == [0.0] * 3
+        with pytest.warns(RuntimeWarning, match="reseeded") if rank >= k else _no_warning():
+            res = hvd.checkpoint.load(mgr)
+    assert res["step"] == 7 and res["saved_world_size"] == k
+    if rank < k:
+        assert torch.equal(torch.get_rng_state(), expect_rng)
+    else:
+        assert torch.initial_seed() == hvd.checkpoint.rng_seed(7, rank)
+
+
+class _no_warning:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

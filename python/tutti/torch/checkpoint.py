@@ -22,11 +22,15 @@ What goes where (component names in the checkpoint):
   GradScaler's state_dict goes in the metadata.
 * ``compressor/...``: error-feedback residuals, PowerSGD factors (default:
   the DistributedOptimizer's compressor); ``reducer/...``: the gradient
-  reducer's step counter (which PowerSGD's start step is compared with).  Loaded when the world size is
-  unchanged, else kept fresh (with a logged warning).
+  reducer's step counter (which PowerSGD's start step is compared with).
+  The residuals are per rank: at another world size every rank starts from
+  the mean of the saved ones (docs/compression.md); absent entries are kept
+  fresh (with a logged warning).
 * ``rng/state``: per rank, torch's CPU and CUDA generators, Python's
-  ``random`` and numpy's global generator (restored only when the world size
-  is unchanged).
+  ``random`` and numpy's global generator.  At another world size rank r
+  gets rank r's saved state where the saving job had a rank r; a rank with
+  no counterpart reseeds deterministically from (step, rank) with
+  ``rng_seed(step, rank)`` (a warning says so).
 * metadata ``data_position`` (any JSON value) and ``user``.
 
 Every rank calls save/load (collective).  Tensors are copied before an
@@ -35,6 +39,8 @@ async save returns.
 import base64
 import json
 import random
+import warnings
+import zlib
 
 import numpy as np
 import torch
@@ -175,6 +181,38 @@ def _rng_restore(blob):
             for s in state["cuda"]])
 
 
+def rng_seed(step, rank):
+    """The seed of a rank that has no saved RNG state (a grown job)."""
+    return zlib.crc32(f"tutti-rng/{int(step)}/{int(rank)}".encode())
+
+
+def _rng_reseed(seed):
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+
+
+def _rng_after_resize(manager, step, saved_world):
+    """Collective: every saved row (a read-only load), then this rank's own
+    row where the saving job had this rank, else a deterministic reseed."""
+    rows = torch.zeros((saved_world, RNG_BYTES), dtype=torch.uint8)
+    res = manager.load({"rng": {"state": rows}}, step=step, optional=["rng/"], resume=False)
+    rank = _C.rank()
+    if "rng/state" in res["skipped"]:
+        return "absent"
+    if rank < saved_world:
+        _rng_restore(rows[rank:rank + 1])
+        return "restored"
+    seed = rng_seed(step, rank)
+    warnings.warn(f"tutti.torch.checkpoint: rank {rank} has no RNG state in checkpoint "
+                  f"{res['name']} (saved by {saved_world} ranks): reseeded with "
+                  f"rng_seed({step}, {rank}) = {seed}", RuntimeWarning, stacklevel=3)
+    _rng_reseed(seed)
+    return "reseeded"
+
+
 def _scaler_component(scaler):
     inner = getattr(scaler, "scaler", None)
     return inner if isinstance(inner, _C.Stateful) else None
@@ -262,10 +300,12 @@ def load(manager, *, model=None, optimizer=None, scaler=None, compressor=None, r
         scaler.load_state_dict(_from_json(meta["scaler"]))
     if rng and "rng/state" not in res["skipped"]:
         _rng_restore(blob)
+    elif rng and res["saved_world_size"] != _C.size():
+        _rng_after_resize(manager, res["step"], res["saved_world_size"])
     return {"step": res["step"], "name": res["name"],
             "data_position": _from_json(meta.get("data_position")),
             "metadata": _from_json(meta.get("user")),
             "saved_world_size": res["saved_world_size"], "skipped": res["skipped"]}
 
 
-__all__ = ["save", "load", "RNG_BYTES"]
+__all__ = ["save", "load", "rng_seed", "RNG_BYTES"]
