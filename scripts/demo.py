@@ -12,6 +12,11 @@ interruption, end to end on this machine.
   5. the summary table, the loss curve (PNG) with the interruption marked,
      and the check that both runs end with bit-identical parameters.
 
+With --elastic, the job shrinks and grows back instead (scripts/demo_elastic.py):
+tutti-run --min-np N/2 --max-np N with a discovery script, a spot notice that
+takes half the slots away, a replacement host that brings them back, and a
+goodput summary.
+
 Run through scripts/demo.sh (which installs and builds first).
 """
 import argparse
@@ -99,14 +104,31 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--compression", default="powersgd")
-    ap.add_argument("--notice-at", type=float, default=0.45, help="fraction of the run")
+    ap.add_argument("--compression", help="default powersgd; fp16 with --elastic (the "
+                    "error-feedback residuals of powersgd do not follow a change of size yet)")
+    ap.add_argument("--notice-at", type=float, help="fraction of the run (default 0.45; "
+                    "0.3 with --elastic)")
+    ap.add_argument("--elastic", action="store_true",
+                    help="shrink to --np/2 ranks on a notice, grow back to --np")
+    ap.add_argument("--grow-after", type=int, default=60,
+                    help="--elastic: steps at the small size before a host joins")
     ap.add_argument("--step-sleep-ms", type=int, default=20)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=os.path.join(ROOT, "demo-out"))
     args = ap.parse_args()
+    if args.compression is None:
+        args.compression = "fp16" if args.elastic else "powersgd"
+    if args.notice_at is None:
+        args.notice_at = 0.3 if args.elastic else 0.45
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    env = dict(os.environ)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "OPENBLAS_NUM_THREADS": "1", "TUTTI_RESTART_BACKOFF_S": "1",
+                "TUTTI_PREEMPT_POLL_MS": "200"})
+    if args.elastic:
+        import demo_elastic
+        demo_elastic.run(args, out, env, start_mock, say)
     # Every run starts from none of the files a previous run wrote here (only
     # those: --out may be a folder of the user's): the watcher below reads
     # train.jsonl, and an old log would make it issue the spot notice at once.
@@ -119,10 +141,6 @@ def main():
 
     mock, port, notice = start_mock(out)
     say(f"mock AWS instance metadata (IMDSv2) on 127.0.0.1:{port}")
-    env = dict(os.environ)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                "OPENBLAS_NUM_THREADS": "1", "TUTTI_RESTART_BACKOFF_S": "1",
-                "TUTTI_PREEMPT_POLL_MS": "200"})
     log, ref_log = os.path.join(out, "train.jsonl"), os.path.join(out, "train-reference.jsonl")
     final, ref_final = os.path.join(out, "final.json"), os.path.join(out, "final-reference.json")
     state = {"stop": False, "issued": False}

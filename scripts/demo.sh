@@ -9,6 +9,8 @@
 #
 #   scripts/demo.sh                       # 4 ranks, 300 steps
 #   scripts/demo.sh --np 2 --steps 200 --compression onebit
+#   scripts/demo.sh --elastic              # 4 -> 2 -> 4 ranks under tutti-run --min-np/--max-np,
+#                                          # goodput summary (docs/examples.md)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"

@@ -5,24 +5,38 @@
 
 namespace demo {
 
-void Task::batch(int64_t step, int rank, int n, std::vector<float>* x,
-                 std::vector<int>* y) const {
-  std::mt19937_64 teacher_rng(seed);
+Task::Task(int inputs, int classes, uint64_t seed)
+    : inputs_(inputs), classes_(classes), seed_(seed),
+      teacher_(static_cast<size_t>(inputs) * classes) {
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> teacher(static_cast<size_t>(inputs) * classes);
-  for (float& t : teacher) t = nd(teacher_rng);
-  std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(step) * 4099u +
-                      static_cast<uint64_t>(rank));
-  x->resize(static_cast<size_t>(n) * inputs);
+  for (float& t : teacher_) t = nd(rng);
+}
+
+namespace {
+// splitmix64: decorrelates the per-sample seeds of neighbouring indices.
+uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+void Task::batch(int64_t first, int n, std::vector<float>* x, std::vector<int>* y) const {
+  x->resize(static_cast<size_t>(n) * inputs_);
   y->resize(static_cast<size_t>(n));
   for (int s = 0; s < n; ++s) {
-    float* xs = x->data() + static_cast<size_t>(s) * inputs;
-    for (int i = 0; i < inputs; ++i) xs[i] = nd(rng);
+    // One generator per sample, seeded by its global index alone.
+    std::mt19937_64 rng(mix(seed_ * 0x100000001b3ull ^ static_cast<uint64_t>(first + s)));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    float* xs = x->data() + static_cast<size_t>(s) * inputs_;
+    for (int i = 0; i < inputs_; ++i) xs[i] = nd(rng);
     int best = 0;
     float best_v = -1e30f;
-    for (int c = 0; c < classes; ++c) {
+    for (int c = 0; c < classes_; ++c) {
       float v = 0;
-      for (int i = 0; i < inputs; ++i) v += teacher[static_cast<size_t>(c) * inputs + i] * xs[i];
+      for (int i = 0; i < inputs_; ++i) v += teacher_[static_cast<size_t>(c) * inputs_ + i] * xs[i];
       if (v > best_v) best_v = v, best = c;
     }
     (*y)[static_cast<size_t>(s)] = best;

@@ -15,14 +15,22 @@
 namespace demo {
 
 // Synthetic classification: x ~ N(0, 1) in `inputs` dimensions, label =
-// argmax of a fixed random linear "teacher".  batch(step, rank) is a pure
-// function of its arguments, so the data position is just the step number.
-struct Task {
-  int inputs = 64;
-  int classes = 10;
-  uint64_t seed = 1;
-  void batch(int64_t step, int rank, int n, std::vector<float>* x,
-             std::vector<int>* y) const;
+// argmax of a fixed random linear "teacher".  Sample i of the stream is a
+// pure function of (seed, i), whatever the world size: the data position is
+// one global sample index, and a step at any number of ranks sees the same
+// global batch (rank r of W takes samples first + r * n .. first + r * n + n - 1,
+// n = global batch / W).
+class Task {
+ public:
+  Task(int inputs, int classes, uint64_t seed);
+  // Samples first .. first + n - 1 into x [n, inputs] and y [n].
+  void batch(int64_t first, int n, std::vector<float>* x, std::vector<int>* y) const;
+  int inputs() const { return inputs_; }
+
+ private:
+  int inputs_, classes_;
+  uint64_t seed_;
+  std::vector<float> teacher_;  // [classes, inputs]
 };
 
 class Mlp {

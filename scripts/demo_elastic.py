@@ -1,0 +1,185 @@
+"""scripts/demo.sh --elastic: the job shrinks and grows back on this one
+machine, under `tutti-run --min-np N/2 --max-np N`.
+
+  1. the fleet is a discovery script that prints `localhost:<slots>` from a
+     file the demo rewrites (a cloud's instance list would be the source);
+  2. `tutti-run` starts dp_train at N ranks;
+  3. a spot notice arrives from the mock AWS metadata endpoint; the job
+     saves and exits with 75, and the demo takes the doomed host's N/2
+     slots out of the fleet: tutti-run restarts at N/2 ranks, which resume
+     from that checkpoint with the same global batch (twice the per-rank
+     batch) and the next sample;
+  4. later a replacement host joins (the fleet is back to N slots):
+     tutti-run asks the job to save and exit (SIGUSR1) and restarts it at N;
+  5. a reference run follows the same size schedule by plain restarts
+     (mpirun ... --stop-at), and the summary reports goodput (launches.jsonl
+     and the job's log), the counters that survived the restarts, and
+     whether the parameters are bit-identical to the reference.
+
+Called by demo.py (which owns the mock endpoint and the console output).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import demo_report  # noqa: E402
+
+FILES = ("train-elastic.jsonl", "samples-elastic.jsonl", "final-elastic.json",
+         "final-elastic-reference.json", "fleet.txt", "discover.sh", "loss-elastic.png",
+         "elastic-reference.log")
+DIRS = ("ckpt-elastic", "ckpt-elastic-reference", "elastic")
+
+
+def write_fleet(path, slots):
+    with open(path + ".tmp", "w") as f:
+        f.write(f"localhost:{slots}\n")
+    os.replace(path + ".tmp", path)  # the discovery script never reads half a file
+
+
+def follow(log, notice, fleet, args, state, say):
+    """Drives the scenario from the job's log: the notice (and the host
+    leaving the fleet) at --notice-at of the run; its withdrawal once the job
+    exited; the replacement host after --grow-after steps at the small size."""
+    pos, small = 0, args.np // 2
+    notice_step = int(args.steps * args.notice_at)
+    while not state["stop"]:
+        if not os.path.exists(log):
+            time.sleep(0.05)
+            continue
+        with open(log) as f:
+            f.seek(pos)
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                pos += len(line)
+                rec = json.loads(line)
+                ev = rec.get("event")
+                if ev is None and state["phase"] == 0 and rec["step"] >= notice_step:
+                    with open(notice, "w") as n:
+                        n.write("terminate\n")
+                    write_fleet(fleet, small)
+                    state["phase"] = 1
+                    say(f"step {rec['step']}: the mock AWS endpoint announces a spot interruption "
+                        f"of one host; the fleet loses its {args.np - small} slots "
+                        f"(discovery now prints localhost:{small})")
+                elif ev == "exit" and state["phase"] == 1:
+                    if os.path.exists(notice):
+                        os.remove(notice)
+                    state["phase"] = 2
+                    say(f"the job saved step {rec['step']} and exited with 75; tutti-run restarts "
+                        f"it on the {small} slots left")
+                elif ev == "resume" and state["phase"] == 2 and rec["world"] == small:
+                    state["phase"] = 3
+                    state["small_from"] = rec["step"]
+                elif ev is None and state["phase"] == 3 and \
+                        rec["step"] >= state["small_from"] + args.grow_after:
+                    write_fleet(fleet, args.np)
+                    state["phase"] = 4
+                    say(f"step {rec['step']}: a replacement host joins the fleet (discovery prints "
+                        f"localhost:{args.np}); tutti-run will ask the job to save and exit, then "
+                        f"restart it at {args.np} ranks")
+                elif ev == "resume" and state["phase"] == 4 and rec["world"] == args.np:
+                    state["phase"] = 5
+                    say(f"resumed at {args.np} ranks from step {rec['step']}")
+        time.sleep(0.05)
+
+
+def dp_train_args(args, out, ckpt, final):
+    return [os.path.join(args.build, "examples/dp_train/dp_train"),
+            "--steps", str(args.steps), "--global-batch", str(32 * args.np),
+            "--ckpt-dir", ckpt, "--ckpt-every", str(args.ckpt_every),
+            "--compression", args.compression, "--log-every", str(args.log_every),
+            "--final", final]
+
+
+def reference(args, out, env, schedule, say):
+    """The same size schedule by plain restarts: mpirun -np W --stop-at S."""
+    ckpt = os.path.join(out, "ckpt-elastic-reference")
+    final = os.path.join(out, "final-elastic-reference.json")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    segments = [(w, schedule[i + 1][0] - 1 if i + 1 < len(schedule) else None)
+                for i, (_, w) in enumerate(schedule)]
+    say("reference run, the same sizes at the same steps by plain restarts: " +
+        " -> ".join(f"mpirun -np {w}" + (f" --stop-at {s}" if s else "") for w, s in segments))
+    with open(os.path.join(out, "elastic-reference.log"), "w") as logf:
+        for w, stop in segments:
+            cmd = [os.environ.get("TUTTI_MPIRUN", "mpirun"), "--oversubscribe", "--bind-to", "none",
+                   "-np", str(w)] + dp_train_args(args, out, ckpt, final)
+            if stop:
+                cmd += ["--stop-at", str(stop)]
+            rc = subprocess.call(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT)
+            if rc != 0:
+                sys.exit(f"demo: the reference run failed with exit code {rc} "
+                         f"(see {logf.name})")
+    return json.load(open(final))
+
+
+def run(args, out, env, start_mock, say):
+    if args.np < 2 or args.np % 2:
+        sys.exit("demo --elastic: --np must be even and at least 2 (it shrinks to half)")
+    for name in FILES:
+        if os.path.exists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    for name in DIRS:
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    fleet, discover = os.path.join(out, "fleet.txt"), os.path.join(out, "discover.sh")
+    write_fleet(fleet, args.np)
+    with open(discover, "w") as f:
+        f.write(f"#!/bin/sh\n# Horovod's discovery contract: host:slots per line.\ncat '{fleet}'\n")
+    os.chmod(discover, 0o755)
+    mock, port, notice = start_mock(out)
+    say(f"mock AWS instance metadata (IMDSv2) on 127.0.0.1:{port}; the fleet: {discover} "
+        f"prints localhost:{args.np}")
+    log, samples = os.path.join(out, "train-elastic.jsonl"), os.path.join(out, "samples-elastic.jsonl")
+    final, ckpt = os.path.join(out, "final-elastic.json"), os.path.join(out, "ckpt-elastic")
+    elastic_dir = os.path.join(out, "elastic")
+    env = dict(env)
+    env.update({"TUTTI_PREEMPT_SOURCES": "signals,file,aws",
+                "TUTTI_AWS_METADATA_URL": f"http://127.0.0.1:{port}",
+                "TUTTI_PREEMPT_FILE": os.path.join(out, "preempt.trigger")})
+    cmd = [os.path.join(ROOT, "scripts/tutti-run"), "--min-np", str(args.np // 2),
+           "--max-np", str(args.np), "--host-discovery-script", discover,
+           "--elastic-dir", elastic_dir, "--ckpt-dir", ckpt,
+           # Short intervals: the grow must come within a few dozen steps
+           # of the fleet growing, however fast the steps are.
+           "--discovery-interval", "0.5", "--grow-interval", "1",
+           "--leaving-ttl", "1", "--max-restarts", "2", "--",
+           "--oversubscribe", "--bind-to", "none"] + dp_train_args(args, out, ckpt, final) + \
+          ["--log", log, "--samples-log", samples, "--step-sleep-ms", str(args.step_sleep_ms)]
+    say(f"elastic run: tutti-run --min-np {args.np // 2} --max-np {args.np} "
+        f"--host-discovery-script discover.sh -- dp_train --steps {args.steps} "
+        f"--global-batch {32 * args.np} --compression {args.compression}")
+    state = {"stop": False, "phase": 0}
+    watcher = threading.Thread(target=follow, args=(log, notice, fleet, args, state, say),
+                               daemon=True)
+    watcher.start()
+    try:
+        rc = subprocess.call(cmd, env=env)
+    finally:
+        state["stop"] = True
+        mock.terminate()
+    if rc != 0:
+        sys.exit(f"demo: the elastic run failed with exit code {rc}")
+    if state["phase"] < 5:
+        sys.exit(f"demo: the run ended before the scenario finished (phase {state['phase']} of 5; "
+                 f"raise --steps or lower --grow-after)")
+    check = demo_report.check_samples(samples, args.steps, 32 * args.np)
+    ref_env = dict(env, TUTTI_PREEMPT_SOURCES="signals")
+    ref = reference(args, out, ref_env, check["schedule"], say)
+    print()
+    subprocess.check_call([sys.executable, os.path.join(ROOT, "scripts/demo_report.py"), log,
+                           "--launches", os.path.join(elastic_dir, "launches.jsonl"),
+                           "--final", final, "--samples", samples, "--steps", str(args.steps),
+                           "--global-batch", str(32 * args.np),
+                           "--png", os.path.join(out, "loss-elastic.png")])
+    a = json.load(open(final))
+    same = a["hash"] == ref["hash"]
+    say(f"final parameters: elastic run {a['hash']}, same schedule by plain restarts "
+        f"{ref['hash']}: " + ("bit-identical" if same else "DIFFERENT"))
+    sys.exit(0 if same and check["ok"] else 1)
