@@ -98,7 +98,10 @@ Communication failures: tutti-run sets TUTTI_EXIT_ON_COMM_FAILURE=1 for the
 job (unless it is set), so a rank whose communicator broke because a peer or
 the network failed (a TUTTI_TIMEOUT expiry, an NCCL asynchronous error) ends
 with 76 at once, even if no application thread would see the error; the job
-is restarted like any other failure.
+is restarted like any other failure.  In elastic mode such a rank first
+writes <elastic dir>/exited/<host>-<pid>, and an mpirun still running
+--exit-grace seconds after the first record (waiting for a host that
+vanished) is terminated, and the job restarted without that host.
 
 Exit status: the last job's (0 done, 75 preempted, 76 a peer or the network
 failed, 128+N killed by signal N, else the failure's code); 1 when elastic

@@ -215,12 +215,13 @@ class Runner:
         except ProcessLookupError:
             pass
 
-    def spawn(self, cmd):
-        """Starts mpirun with the notice signals blocked, so one arriving
-        during the fork/exec stays pending and is forwarded once self.proc
-        is set; False (nothing started) when a notice came before.  The child unblocks them and asks the kernel for SIGTERM when
-        tutti-run dies (even by SIGKILL): mpirun answers it by ending the
-        ranks."""
+    def spawn(self, cmd, announce):
+        """Logs `announce` and starts mpirun with the notice signals
+        blocked, so one arriving after the log line (during the fork/exec)
+        stays pending and is forwarded once self.proc is set; False (nothing
+        started, nothing logged) when a notice came before.  The child
+        unblocks them and asks the kernel for SIGTERM when tutti-run dies
+        (even by SIGKILL): mpirun answers it by ending the ranks."""
         parent = os.getpid()
         libc = self.libc
         delay = float(os.environ.get("TUTTI_RUN_TEST_SPAWN_DELAY_S", "0") or 0)
@@ -238,6 +239,7 @@ class Runner:
         try:
             if self.notice is not None:  # came after the loop's check: start nothing
                 return False
+            log(announce)  # a notice from here on is forwarded to this job
             self.proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=child)
             return True
         finally:
@@ -484,7 +486,6 @@ class Runner:
                     return status if attempt > 0 else 1
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
             cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
-            log(("starting" if attempt == 0 else f"restart {attempt}:") + " " + " ".join(cmd))
             step_before = committed_step(self.opts["ckpt_dir"])
             self.usr1_wanted = False
             self.usr1_sent = -1e18
@@ -495,7 +496,8 @@ class Runner:
             if self.opts["elastic"]:
                 clear_exits(self.opts["elastic_dir"])
             try:
-                if not self.spawn(cmd):
+                if not self.spawn(cmd, ("starting" if attempt == 0 else f"restart {attempt}:") +
+                                  " " + " ".join(cmd)):
                     continue
             except OSError as e:
                 log(f"cannot start {self.opts['mpirun']}: {e}")
