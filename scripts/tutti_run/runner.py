@@ -96,9 +96,11 @@ def end_session(sid, grace):
     return sorted(left.values())
 
 
-def read_exits(elastic_dir):
+def read_exits(elastic_dir, attempt):
     """Records in <elastic_dir>/exited (src/preemption/leaving.cc
-    record_exit): [{"host", "pid", "status", ...}]."""
+    record_exit) of the job started as `attempt`: [{"host", "pid",
+    "status", ...}].  A rank of an earlier job (on a host that vanished
+    and came back) may write one late: its "attempt" differs."""
     d = os.path.join(elastic_dir, "exited")
     out = []
     try:
@@ -116,7 +118,8 @@ def read_exits(elastic_dir):
         if not isinstance(rec, dict):
             rec = {}
         rec.setdefault("host", n.rsplit("-", 1)[0])
-        out.append(rec)
+        if rec.get("attempt", attempt) == attempt:
+            out.append(rec)
     return out
 
 
@@ -161,6 +164,7 @@ class Runner:
         self.exit_seen = None     # when a rank's exit record appeared (this job)
         self.exit_status = None   # the status it recorded
         self.forced = None        # when tutti-run began ending an mpirun that outlived it
+        self.attempt = 0          # TUTTI_RESTART_COUNT of the running job
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
         self.usr1_sent = -1e18
@@ -286,7 +290,7 @@ class Runner:
                 self.forced = float("inf")
             return
         if self.exit_seen is None:
-            recs = read_exits(self.opts["elastic_dir"])
+            recs = read_exits(self.opts["elastic_dir"], self.attempt)
             if not recs:
                 return
             self.exit_seen = now
@@ -485,6 +489,7 @@ class Runner:
                         continue
                     return status if attempt > 0 else 1
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
+            self.attempt = attempt
             cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
             step_before = committed_step(self.opts["ckpt_dir"])
             self.usr1_wanted = False

@@ -100,6 +100,7 @@ void record_exit(int status, const std::string& reason) {
   const nlohmann::json rec = {{"host", host},
                               {"pid", pid},
                               {"status", status},
+                              {"attempt", config::get_int("TUTTI_RESTART_COUNT")},
                               {"reason", reason},
                               {"time", static_cast<double>(std::time(nullptr))}};
   const std::string exited = dir + "/exited";

@@ -400,6 +400,18 @@ def case_vanish(r):
     # and exit 76 leaving records in exited/, mpirun waits for hostb's
     # daemon forever, and tutti-run ends it after --exit-grace and restarts
     # on hosta from the last checkpoint.
+    # First: a record left late by a rank of an earlier job (attempt 5) does
+    # not end this one (attempt 0), even with --exit-grace 0.
+    r.hosts("hosta:1\n")
+    job = r.run(1, 1, ["sh", "-c", "sleep 2; echo DONE-OK"], opts=["--exit-grace", "0"])
+    if job.wait_for(r"\[tutti-run\] starting", 30):
+        os.makedirs(os.path.join(r.edir, "exited"), exist_ok=True)
+        with open(os.path.join(r.edir, "exited", "hostz-1"), "w") as f:
+            json.dump({"host": "hostz", "pid": 1, "status": 76, "attempt": 5}, f)
+    if expect_rc(job, 0, "a stale exit record") and ("DONE-OK" not in job.output() or
+                                                     "ended with status" in job.output()):
+        fail(f"vanish: a stale exit record ended the job:\n{job.output()[-2000:]}")
+    os.unlink(os.path.join(r.edir, "launches.jsonl"))
     r.hosts("hosta:2\nhostb:2\n")
     job = r.run(2, 4, r.train(200, step_ms=50), opts=["--exit-grace", "3"],
                 env={"TUTTI_TIMEOUT": "3"})

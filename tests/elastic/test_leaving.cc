@@ -120,6 +120,8 @@ TEST(Leaving, NothingWithoutAnElasticDirOrForAnApplicationNotice) {
 
 TEST(Leaving, AnExitRecordNamesHostPidAndStatus) {
   ElasticDir d("node-7");
+  ::setenv("TUTTI_RESTART_COUNT", "4", 1);
+  config::reload();
   preempt::record_exit(76, "allreduce #3 did not complete within 3 s");
   const std::string path = d.dir + "/exited/node-7-" + std::to_string(::getpid());
   std::ifstream f(path);
@@ -130,6 +132,8 @@ TEST(Leaving, AnExitRecordNamesHostPidAndStatus) {
   EXPECT_EQ(rec.at("host"), "node-7");
   EXPECT_EQ(rec.at("pid"), static_cast<int>(::getpid()));
   EXPECT_EQ(rec.at("status"), 76);
+  EXPECT_EQ(rec.at("attempt"), 4);  // tutti-run ignores records of earlier jobs
+  ::unsetenv("TUTTI_RESTART_COUNT");
   EXPECT_EQ(rec.at("reason"), "allreduce #3 did not complete within 3 s");
   EXPECT_FALSE(d.has("node-7"));  // not a leaving record
   ::unsetenv("TUTTI_ELASTIC_DIR");
