@@ -36,7 +36,21 @@ Elastic mode (docs/elastic.md):
   --elastic-dir DIR             launcher directory every rank can reach
                                 (default $TUTTI_CKPT_DIR/.elastic; required
                                 without TUTTI_CKPT_DIR)
-  --discovery-interval S        (default 5)
+  --discovery-interval S        (default 5); while a job runs, a host that
+                                failed a probe is probed again (in the
+                                background) at every discovery, so one that
+                                comes back is used at the next boundary
+  --np-multiple-of K            run only at sizes that are multiples of K
+                                (the largest <= min(max-np, usable slots)
+                                and >= min-np), e.g. so that the size
+                                divides the job's global batch (default 1)
+  --exit-grace S                when a rank ended on a communication failure
+                                (it leaves a record in the elastic
+                                directory), give mpirun S seconds to end,
+                                then terminate it and restart without the
+                                hosts that do not answer (OpenMPI can wait
+                                forever for a host that vanished)
+                                (default 30)
   --grow-interval S             at most one grow per S seconds (default 60)
   --wait-timeout S              how long to wait for --min-np usable slots
                                 before giving up (default 600)
@@ -84,7 +98,10 @@ Communication failures: tutti-run sets TUTTI_EXIT_ON_COMM_FAILURE=1 for the
 job (unless it is set), so a rank whose communicator broke because a peer or
 the network failed (a TUTTI_TIMEOUT expiry, an NCCL asynchronous error) ends
 with 76 at once, even if no application thread would see the error; the job
-is restarted like any other failure.
+is restarted like any other failure.  In elastic mode such a rank first
+writes <elastic dir>/exited/<host>-<pid>, and an mpirun still running
+--exit-grace seconds after the first record (waiting for a host that
+vanished) is terminated, and the job restarted without that host.
 
 Exit status: the last job's (0 done, 75 preempted, 76 a peer or the network
 failed, 128+N killed by signal N, else the failure's code); 1 when elastic
@@ -99,6 +116,7 @@ NUMBER_FLAGS = {
     "--max-np": ("max_np", int), "--discovery-interval": ("discovery_interval", float),
     "--grow-interval": ("grow_interval", float), "--wait-timeout": ("wait_timeout", float),
     "--leaving-ttl": ("leaving_ttl", float), "--probe-timeout": ("probe_timeout", float),
+    "--np-multiple-of": ("np_multiple_of", int), "--exit-grace": ("exit_grace", float),
 }
 STRING_FLAGS = {
     "--mpirun": "mpirun", "--host-discovery-script": "discovery_script",
@@ -140,6 +158,7 @@ def parse_args(argv):
         "hostfile": None, "elastic_dir": None, "ckpt_dir": os.environ.get("TUTTI_CKPT_DIR") or None,
         "discovery_interval": 5.0, "grow_interval": 60.0, "wait_timeout": 600.0,
         "leaving_ttl": 600.0, "probe_timeout": 10.0, "probe_command": None,
+        "np_multiple_of": 1, "exit_grace": 30.0,
     }
     i = 0
     while i < len(argv):
@@ -179,7 +198,7 @@ def parse_args(argv):
     if not rest:
         die("nothing to run (usage: tutti-run [options] MPIRUN-ARGS... PROGRAM)")
     for k in ("max_restarts", "backoff", "stop_timeout", "discovery_interval", "grow_interval",
-              "wait_timeout", "leaving_ttl", "probe_timeout"):
+              "wait_timeout", "leaving_ttl", "probe_timeout", "exit_grace"):
         if opts[k] < 0:
             die(f"--{k.replace('_', '-')} must be >= 0, got {opts[k]}")
     if elastic:
@@ -195,6 +214,11 @@ def check_elastic(opts, rest):
         die("elastic mode needs both --min-np and --max-np")
     if lo < 1 or hi < lo:
         die(f"--min-np {lo} and --max-np {hi}: need 1 <= min-np <= max-np")
+    k = opts["np_multiple_of"]
+    if k < 1:
+        die(f"--np-multiple-of must be >= 1, got {k}")
+    if hi - hi % k < lo:
+        die(f"--np-multiple-of {k}: no multiple of {k} between --min-np {lo} and --max-np {hi}")
     if bool(opts["discovery_script"]) == bool(opts["hostfile"]):
         die("elastic mode needs exactly one of --host-discovery-script and --hostfile")
     i = 0

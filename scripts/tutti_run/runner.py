@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from . import hosts as H
@@ -17,7 +18,8 @@ COMM_FAILURE = 76  # tutti::kCommFailureExitCode (TUTTI_EXIT_ON_COMM_FAILURE)
 MAX_BACKOFF_S = 60.0
 PR_SET_PDEATHSIG = 1
 USR1_REPEAT_S = 2.0
-REPROBE_S = 30.0  # while a job runs, how often a host that failed a probe is tried again
+SESSION_GRACE_S = 3.0  # how long mpirun's leftovers may take to exit on their own
+KILL_AFTER_S = 5.0  # after SIGTERM to an mpirun that outlived --exit-grace
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -58,23 +60,80 @@ def catches(pid, sig):
     return True
 
 
-def kill_session(sid):
-    """SIGKILLs what is left of a session (mpirun's ranks outlive a SIGKILLed
-    mpirun: each rank has its own process group but keeps mpirun's session).
-    The session id cannot be reused while any member lives."""
-    killed = 0
+def session_members(sid):
+    """{pid: name} of the live (not zombie) processes of session sid."""
+    out = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) == sid:  # state ppid pgrp session
-                os.kill(int(d), signal.SIGKILL)
-                killed += 1
+                head, rest = f.read().rsplit(")", 1)
+            fields = rest.split()  # state ppid pgrp session
+            if int(fields[3]) == sid and fields[0] not in "ZX":
+                out[int(d)] = head.split("(", 1)[1]
         except (OSError, IndexError, ValueError):
             pass
-    return killed
+    return out
+
+
+def end_session(sid, grace):
+    """Waits up to grace seconds for what is left of mpirun's session to
+    exit by itself (daemons and rsh agents finish just after mpirun), then
+    SIGKILLs the rest (mpirun's ranks outlive a SIGKILLed mpirun: each rank
+    has its own process group but keeps mpirun's session).  The session id
+    cannot be reused while any member lives.  Returns the names killed."""
+    deadline = time.monotonic() + grace
+    left = session_members(sid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = session_members(sid)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return sorted(left.values())
+
+
+def read_exits(elastic_dir, attempt):
+    """Records in <elastic_dir>/exited (src/preemption/leaving.cc
+    record_exit) of the job started as `attempt`: [{"host", "pid",
+    "status", ...}].  A rank of an earlier job (on a host that vanished
+    and came back) may write one late: its "attempt" differs."""
+    d = os.path.join(elastic_dir, "exited")
+    out = []
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return out
+    for n in names:
+        if n.startswith("."):
+            continue
+        try:
+            with open(os.path.join(d, n)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            rec = {}
+        if not isinstance(rec, dict):
+            rec = {}
+        rec.setdefault("host", n.rsplit("-", 1)[0])
+        if rec.get("attempt", attempt) == attempt:
+            out.append(rec)
+    return out
+
+
+def clear_exits(elastic_dir):
+    d = os.path.join(elastic_dir, "exited")
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for n in names:
+        try:
+            os.unlink(os.path.join(d, n))
+        except OSError:
+            pass
 
 
 class Runner:
@@ -98,7 +157,14 @@ class Runner:
         self.job_started = -1e18
         self.logged_leaving = set()
         self.waited_s = 0.0       # before the current job, for --min-np slots
-        self.unreachable = {}     # host -> when a running job may probe it again
+        self.unreachable = set()  # hosts whose last probe failed (logged once)
+        self.lock = threading.Lock()
+        self.probing = set()      # hosts probed in the background while a job runs
+        self.answered = set()     # hosts that answered such a probe since the start
+        self.exit_seen = None     # when a rank's exit record appeared (this job)
+        self.exit_status = None   # the status it recorded
+        self.forced = None        # when tutti-run began ending an mpirun that outlived it
+        self.attempt = 0          # TUTTI_RESTART_COUNT of the running job
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
         self.usr1_sent = -1e18
@@ -153,12 +219,13 @@ class Runner:
         except ProcessLookupError:
             pass
 
-    def spawn(self, cmd):
-        """Starts mpirun with the notice signals blocked, so one arriving
-        during the fork/exec stays pending and is forwarded once self.proc
-        is set; False (nothing started) when a notice came before.  The child unblocks them and asks the kernel for SIGTERM when
-        tutti-run dies (even by SIGKILL): mpirun answers it by ending the
-        ranks."""
+    def spawn(self, cmd, announce):
+        """Logs `announce` and starts mpirun with the notice signals
+        blocked, so one arriving after the log line (during the fork/exec)
+        stays pending and is forwarded once self.proc is set; False (nothing
+        started, nothing logged) when a notice came before.  The child
+        unblocks them and asks the kernel for SIGTERM when tutti-run dies
+        (even by SIGKILL): mpirun answers it by ending the ranks."""
         parent = os.getpid()
         libc = self.libc
         delay = float(os.environ.get("TUTTI_RUN_TEST_SPAWN_DELAY_S", "0") or 0)
@@ -176,6 +243,7 @@ class Runner:
         try:
             if self.notice is not None:  # came after the loop's check: start nothing
                 return False
+            log(announce)  # a notice from here on is forwarded to this job
             self.proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=child)
             return True
         finally:
@@ -193,6 +261,8 @@ class Runner:
                 pass
             self.forward_usr1()
             now = time.monotonic()
+            if self.opts["elastic"]:
+                self.watch_exits(now)
             if self.opts["elastic"] and self.notice is None and now >= next_discovery:
                 self.maybe_grow()
                 next_discovery = time.monotonic() + self.opts["discovery_interval"]
@@ -208,6 +278,37 @@ class Runner:
                 log(f"the job did not stop within {limit:g} s of the notice: terminating it")
                 self.terminate()
 
+    def watch_exits(self, now):
+        """Ends an mpirun that outlives a rank's exit record (a rank that
+        left on a communication failure) by --exit-grace: OpenMPI 4.1 waits
+        forever for the daemon of a host that vanished without closing its
+        connections.  SIGTERM, then SIGKILL KILL_AFTER_S later."""
+        if self.forced is not None:
+            if now - self.forced >= KILL_AFTER_S and self.proc.poll() is None:
+                log(f"mpirun ignored SIGTERM for {KILL_AFTER_S:g} s: killing it")
+                self.proc.kill()
+                self.forced = float("inf")
+            return
+        if self.exit_seen is None:
+            recs = read_exits(self.opts["elastic_dir"], self.attempt)
+            if not recs:
+                return
+            self.exit_seen = now
+            self.exit_status = recs[0].get("status", COMM_FAILURE)
+            where = ", ".join(sorted({str(r["host"]) for r in recs}))
+            log(f"rank(s) on {where} ended with status {self.exit_status} (a peer or the network "
+                f"failed): mpirun gets {self.opts['exit_grace']:g} s (--exit-grace) to end")
+            return
+        if now - self.exit_seen >= self.opts["exit_grace"]:
+            log(f"mpirun still running {now - self.exit_seen:.0f} s after a rank ended on a "
+                f"communication failure (waiting for a host that vanished?): terminating it; "
+                f"the job counts as failed with {self.exit_status}")
+            self.forced = now
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     # ---- elastic -------------------------------------------------------------
 
     def discover(self):
@@ -221,27 +322,63 @@ class Runner:
             self.discovery_failed = True
             return []
 
+    def note_probe(self, h, why):
+        """Records a probe's result; an exclusion is logged once until the
+        host answers again.  Call with self.lock held."""
+        if why:
+            if h not in self.unreachable:
+                log(f"excluding {h}: unreachable ({why})")
+            self.unreachable.add(h)
+        elif h in self.unreachable:
+            self.unreachable.discard(h)
+            log(f"{h} answers a probe again")
+
+    def probe_in_background(self, h):
+        def one():
+            why = H.probe([h], self.agent, self.opts["probe_timeout"], self.local)[h]
+            with self.lock:
+                self.probing.discard(h)
+                self.note_probe(h, why)
+                if not why:
+                    self.answered.add(h)
+        with self.lock:
+            if h in self.probing:
+                return
+            self.probing.add(h)
+        threading.Thread(target=one, daemon=True).start()
+
     def usable_hosts(self, known=(), running=False):
         """Discovered hosts that are not leaving and answer a probe (hosts in
-        `known` are not probed again).  While a job runs (`running`), a host
-        that failed a probe is probed again only after REPROBE_S and logged
-        once."""
+        `known` are not probed again).  While a job runs (`running`), hosts
+        are probed in the background, at most one probe per host at a time,
+        so a host that does not answer never holds up the loop: one that
+        failed is tried again at every discovery (--discovery-interval) and
+        counts once it answers."""
         hosts, _ = H.filter_leaving(self.discover(), self.opts["elastic_dir"],
                                     self.opts["leaving_ttl"], log, self.local,
                                     self.logged_leaving)
-        now = time.monotonic()
-        skip = {h for h, until in self.unreachable.items() if running and until > now}
-        todo = [h for h, _ in hosts if h not in known and h not in skip]
-        bad = {h: why for h, why in H.probe(todo, self.agent, self.opts["probe_timeout"],
-                                            self.local).items() if why}
-        for h, why in bad.items():
-            if not (running and h in self.unreachable):
-                log(f"excluding {h}: unreachable ({why})")
-            self.unreachable[h] = now + REPROBE_S
-        for h in todo:
-            if h not in bad:
-                self.unreachable.pop(h, None)
-        return [(h, s) for h, s in hosts if h not in bad and h not in skip]
+        todo = [h for h, _ in hosts if h not in known]
+        if running:
+            with self.lock:
+                ok = set(self.answered)
+            for h in todo:
+                if h not in ok:
+                    self.probe_in_background(h)
+            return [(h, s) for h, s in hosts if h in known or h in ok]
+        result = H.probe(todo, self.agent, self.opts["probe_timeout"], self.local)
+        with self.lock:
+            for h in todo:
+                self.note_probe(h, result[h])
+        return [(h, s) for h, s in hosts if not result.get(h)]
+
+    def size_for(self, slots):
+        """The size to run on `slots` usable slots: the largest multiple of
+        --np-multiple-of that is <= min(--max-np, slots) and >= --min-np;
+        None if there is none."""
+        k = self.opts["np_multiple_of"]
+        n = min(self.opts["max_np"], slots)
+        n -= n % k
+        return n if n >= self.opts["min_np"] else None
 
     def wait_for_capacity(self):
         """Usable hosts with at least --min-np slots, or None after
@@ -253,14 +390,17 @@ class Runner:
         while self.notice is None:
             hosts = self.usable_hosts()
             slots = sum(s for _, s in hosts)
-            if slots >= lo:
+            if self.size_for(slots) is not None:
                 self.waited_s = time.monotonic() - t0 if waited else 0.0
                 if waited:
                     log(f"{slots} usable slots after {self.waited_s:.1f} s: starting")
                 return hosts
             if not waited:
-                log(f"{slots} usable slot(s) ({H.format_hosts(hosts) or 'no hosts'}), fewer than "
-                    f"--min-np {lo}: waiting up to {timeout:g} s for capacity")
+                need = f"fewer than --min-np {lo}" if slots < lo else \
+                    (f"no size in [--min-np {lo}, {min(slots, self.opts['max_np'])}] is a "
+                     f"multiple of --np-multiple-of {self.opts['np_multiple_of']}")
+                log(f"{slots} usable slot(s) ({H.format_hosts(hosts) or 'no hosts'}), {need}: "
+                    f"waiting up to {timeout:g} s for capacity")
                 waited = True
             if time.monotonic() >= deadline:
                 log(f"gave up: {slots} usable slot(s) after waiting {timeout:g} s for --min-np "
@@ -278,8 +418,8 @@ class Runner:
         if time.monotonic() - max(self.last_grow, self.job_started) < self.opts["grow_interval"]:
             return
         hosts = self.usable_hosts(known={h for h, _ in self.hosts}, running=True)
-        new_np = min(hi, sum(s for _, s in hosts))
-        if new_np <= self.np:
+        new_np = self.size_for(sum(s for _, s in hosts))
+        if new_np is None or new_np <= self.np:
             return
         self.last_grow = time.monotonic()
         self.resize_requested = True
@@ -301,7 +441,7 @@ class Runner:
         hosts = self.wait_for_capacity()
         if hosts is None:
             return None
-        self.np = min(self.opts["max_np"], sum(s for _, s in hosts))
+        self.np = self.size_for(sum(s for _, s in hosts))
         self.hosts = H.take_slots(hosts, self.np)
         self.resize_requested = False
         try:
@@ -349,14 +489,20 @@ class Runner:
                         continue
                     return status if attempt > 0 else 1
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
+            self.attempt = attempt
             cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
-            log(("starting" if attempt == 0 else f"restart {attempt}:") + " " + " ".join(cmd))
             step_before = committed_step(self.opts["ckpt_dir"])
             self.usr1_wanted = False
             self.usr1_sent = -1e18
             self.job_started = time.monotonic()
+            self.exit_seen = self.exit_status = self.forced = None
+            with self.lock:
+                self.answered.clear()
+            if self.opts["elastic"]:
+                clear_exits(self.opts["elastic_dir"])
             try:
-                if not self.spawn(cmd):
+                if not self.spawn(cmd, ("starting" if attempt == 0 else f"restart {attempt}:") +
+                                  " " + " ".join(cmd)):
                     continue
             except OSError as e:
                 log(f"cannot start {self.opts['mpirun']}: {e}")
@@ -364,9 +510,12 @@ class Runner:
             self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason,
                                self.waited_s)
             status = status_of(self.wait())
-            left = kill_session(self.proc.pid)
+            if self.forced is not None:
+                status = self.exit_status if isinstance(self.exit_status, int) else COMM_FAILURE
+            left = end_session(self.proc.pid, SESSION_GRACE_S)
             if left:
-                log(f"mpirun ended ({status}) leaving {left} process(es) of its session: killed")
+                log(f"{len(left)} process(es) started by mpirun still running {SESSION_GRACE_S:g} s "
+                    f"after it ended ({', '.join(sorted(set(left)))}): killed them")
             self.proc = None
             step = committed_step(self.opts["ckpt_dir"])
             self.journal.end(attempt, status, step)

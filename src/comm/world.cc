@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/runtime_state.h"
+#include "preemption/leaving.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
 #include "tutti/process_group.h"
@@ -79,6 +80,9 @@ void communicator_broke(const Error& error) {
                "[tutti] %s\n[tutti] exiting with code %d "
                "(TUTTI_EXIT_ON_COMM_FAILURE=1): a peer or the network failed\n",
                error.message().c_str(), kCommFailureExitCode);
+  // Elastic mode: tell tutti-run, which ends an mpirun that outlives this
+  // record (OpenMPI 4.1 waits forever for the daemon of a vanished host).
+  preempt::record_exit(kCommFailureExitCode, error.message());
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(kCommFailureExitCode);

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <set>
@@ -86,6 +87,32 @@ void record_leaving(const std::string& source, const std::string& reason) {
   } catch (const std::exception& e) {
     TUTTI_LOG(kWarn) << "elastic: cannot record this host as leaving in " << leaving << ": "
                      << e.what();
+  }
+}
+
+void record_exit(int status, const std::string& reason) {
+  const std::string dir = config::get_string("TUTTI_ELASTIC_DIR");
+  if (dir.empty()) return;
+  std::string host = config::get_string("TUTTI_ELASTIC_HOST");
+  if (host.empty()) host = host_name();
+  if (host.empty() || host.find('/') != std::string::npos || host[0] == '.') host = "unknown";
+  const int pid = static_cast<int>(::getpid());
+  const nlohmann::json rec = {{"host", host},
+                              {"pid", pid},
+                              {"status", status},
+                              {"attempt", config::get_int("TUTTI_RESTART_COUNT")},
+                              {"reason", reason},
+                              {"time", static_cast<double>(std::time(nullptr))}};
+  const std::string exited = dir + "/exited";
+  try {
+    ckpt::make_dirs(exited);
+    ckpt::write_file_atomic(exited, host + "-" + std::to_string(pid),
+                            rec.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) +
+                                "\n",
+                            0600);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[tutti] elastic: cannot record this rank's exit in %s: %s\n",
+                 exited.c_str(), e.what());
   }
 }
 

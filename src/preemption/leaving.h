@@ -23,5 +23,13 @@ bool notice_is_node_local(const std::string& source, int signal_sender);
 // probing or not at all).
 void record_leaving(const std::string& source, const std::string& reason);
 
+// Writes $TUTTI_ELASTIC_DIR/exited/<host>-<pid> when TUTTI_ELASTIC_DIR is
+// set: {"host", "pid", "status", "attempt", "reason", "time"} (attempt =
+// TUTTI_RESTART_COUNT), for a rank about to end with `status` on a
+// communication failure.  tutti-run ends an mpirun that
+// outlives such a record by its --exit-grace (OpenMPI can wait forever for
+// the daemon of a host that vanished).  Never throws; a failure is printed.
+void record_exit(int status, const std::string& reason);
+
 }  // namespace preempt
 }  // namespace tutti

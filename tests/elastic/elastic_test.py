@@ -3,7 +3,8 @@ hosts (UTS namespaces behind fake_agent.sh), a discovery script whose output
 the test rewrites, and tiny_train (tests/checkpoint) or small shell jobs.
 
 usage: elastic_test.py TINY_TRAIN TUTTI_RUN MPIEXEC CASE
-CASE: shrink | grow | wait | unreachable | budget | spawn-signal | sigkill
+CASE: shrink | grow | wait | unreachable | budget | spawn-signal | sigkill |
+      return | vanish | np-multiple
 """
 import json
 import os
@@ -128,6 +129,9 @@ def case_shrink(r):
         fail(f"shrink: no readable leaving record {rec_path}: {e}")
     if os.path.exists(os.path.join(r.edir, "leaving", "hosta")):
         fail("shrink: hosta recorded as leaving")
+    # A normal exit leaves nothing behind worth a log line.
+    if "started by mpirun still running" in out or "of its session" in out:
+        fail(f"shrink: a normal exit 75 was logged as leaving processes:\n{out[-3000:]}")
     # The record goes once discovery no longer lists hostb.
     r.hosts("hosta:2\n")
     job = r.run(2, 4, ["true"])
@@ -278,6 +282,9 @@ def case_spawn_signal(r):
         what = f"SIGTERM {delay} s after the spawn began (spawn hook {hook} s)"
         if rc != 75 or "GOT_USR1" not in out.splitlines() or "restart 1" in out or took > 25:
             fail(f"{what}: status {rc} after {took:.1f}s:\n{out[-2000:]}")
+        elif "still running" in out or "of its session" in out:
+            # The ranks finish just after mpirun: nothing worth a log line.
+            fail(f"{what}: a normal stop was logged as leaving processes:\n{out[-2000:]}")
         else:
             print(f"{what}: stopped with 75 in {took:.1f}s", flush=True)
 
@@ -332,10 +339,136 @@ def case_sigkill(r):
                     pass
         else:
             print(f"SIGKILL of {victim}: mpirun and both ranks gone", flush=True)
+        if victim == "mpirun" and not job.wait_for(
+                r"2 process\(es\) started by mpirun still running .*\(sleep\): killed them", 10):
+            fail(f"SIGKILL of mpirun: the killed leftovers were not logged:\n"
+                 f"{job.output()[-2000:]}")
         job.wait(30)
 
 
-if CASE in ("shrink", "grow", "wait", "unreachable"):
+def case_return(r):
+    # hostb is down at the start (its probe fails) and comes back while the
+    # job runs: the grow follows within a few discoveries, not after a fixed
+    # 30 s.  slowz never answers (each probe hangs --probe-timeout): the
+    # probes run in the background and must not hold up the loop.
+    r.hosts("hosta:2\nslowz:2\nhostb:2\n")
+    open(os.path.join(r.down, "hostb"), "w").close()
+    job = r.run(2, 4, r.train(150), opts=["--grow-interval", "1", "--probe-timeout", "3"])
+    if not job.wait_for(r"^FRESH", 60):
+        fail(f"return: the job did not start:\n{job.output()[-3000:]}")
+        job.kill()
+        return
+    time.sleep(1.0)
+    os.unlink(os.path.join(r.down, "hostb"))
+    t0 = time.monotonic()
+    took = time.monotonic() - t0
+    if not job.wait_for(r"asking the job to save and exit", 30):
+        fail(f"return: no grow within 30 s of hostb's return:\n{job.output()[-3000:]}")
+    elif (took := time.monotonic() - t0) > 5:  # --discovery-interval 0.3: a few discoveries, whatever slowz does
+        fail(f"return: the grow came {took:.1f} s after hostb answered again "
+             f"(--discovery-interval 0.3)")
+    else:
+        print(f"return: grow requested {took:.1f} s after hostb came back", flush=True)
+    if not expect_rc(job, 0, "return"):
+        return
+    out = job.output()
+    if r.starts() != [(2, ["hosta:2"], "start"), (4, ["hosta:2", "hostb:2"], "resize")] or \
+            r.ends() != [75, 0] or "hostb answers a probe again" not in out or \
+            out.count("excluding slowz: unreachable") != 1:
+        fail(f"return: starts {r.starts()}, ends {r.ends()}\n{out[-3000:]}")
+
+
+def host_processes(host, triggers):
+    """Pids that run on fake host `host` (fake_agent.sh exports
+    TUTTI_PREEMPT_FILE=<triggers>/<host> to everything it starts; Open MPI's
+    daemon leaves mpirun's process tree with --daemonize)."""
+    want = f"TUTTI_PREEMPT_FILE={os.path.join(triggers, host)}".encode()
+    out = []
+    for p in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    out.append(p)
+        except OSError:
+            pass
+    return out
+
+
+def case_vanish(r):
+    # hostb stops answering without closing anything (its daemon and ranks
+    # SIGSTOPped, its probe failing): hosta's ranks time out (TUTTI_TIMEOUT)
+    # and exit 76 leaving records in exited/, mpirun waits for hostb's
+    # daemon forever, and tutti-run ends it after --exit-grace and restarts
+    # on hosta from the last checkpoint.
+    # First: a record left late by a rank of an earlier job (attempt 5) does
+    # not end this one (attempt 0), even with --exit-grace 0.
+    r.hosts("hosta:1\n")
+    job = r.run(1, 1, ["sh", "-c", "sleep 2; echo DONE-OK"], opts=["--exit-grace", "0"])
+    if job.wait_for(r"\[tutti-run\] starting", 30):
+        os.makedirs(os.path.join(r.edir, "exited"), exist_ok=True)
+        with open(os.path.join(r.edir, "exited", "hostz-1"), "w") as f:
+            json.dump({"host": "hostz", "pid": 1, "status": 76, "attempt": 5}, f)
+    if expect_rc(job, 0, "a stale exit record") and ("DONE-OK" not in job.output() or
+                                                     "ended with status" in job.output()):
+        fail(f"vanish: a stale exit record ended the job:\n{job.output()[-2000:]}")
+    os.unlink(os.path.join(r.edir, "launches.jsonl"))
+    r.hosts("hosta:2\nhostb:2\n")
+    job = r.run(2, 4, r.train(200, step_ms=50), opts=["--exit-grace", "3"],
+                env={"TUTTI_TIMEOUT": "3"})
+    if not job.wait_for(r"^FRESH", 60):
+        fail(f"vanish: the job did not start:\n{job.output()[-3000:]}")
+        job.kill()
+        return
+    time.sleep(1.0)
+    open(os.path.join(r.down, "hostb"), "w").close()
+    victims = host_processes("hostb", r.triggers)
+    for p in victims:
+        os.kill(p, signal.SIGSTOP)
+    t0 = time.monotonic()
+    if len(victims) < 3:  # orted, 2 ranks
+        fail(f"vanish: found only {victims} on hostb")
+    ok = expect_rc(job, 0, "vanish", timeout=90)
+    for p in victims:  # the "host" is gone: tutti-run cannot reach these
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if not ok:
+        return
+    out = job.output()
+    if r.starts() != [(4, ["hosta:2", "hostb:2"], "start"), (2, ["hosta:2"], "failure")] or \
+            r.ends() != [76, 0]:
+        fail(f"vanish: starts {r.starts()}, ends {r.ends()}\n{out[-3000:]}")
+    if "rank(s) on hosta ended with status 76" not in out or \
+            "after a rank ended on a communication failure" not in out:
+        fail(f"vanish: the forced end was not logged:\n{out[-3000:]}")
+    if not job.wait_for(r"^RESUMED \d+ from 4 ranks", 1) or "DONE 200" not in out:
+        fail(f"vanish: expected a resume from the 4-rank checkpoint and DONE:\n{out[-3000:]}")
+    print(f"vanish: done {time.monotonic() - t0:.1f} s after hostb stopped", flush=True)
+
+
+def case_np_multiple(r):
+    # 3 usable slots, sizes must be even: 2 ranks, not 3.
+    r.hosts("hosta:2\nhostb:1\n")
+    prog = ["sh", "-c", "echo SIZE=$OMPI_COMM_WORLD_SIZE"]
+    job = r.run(1, 4, prog, opts=["--np-multiple-of", "2"])
+    if expect_rc(job, 0, "np-multiple") and (job.output().count("SIZE=2") != 2 or
+                                              r.starts() != [(2, ["hosta:2"], "start")]):
+        fail(f"np-multiple: expected 2 ranks on hosta:\n{job.output()[-2000:]}")
+    # 1 usable slot: no even size >= 1 fits; wait, then give up.
+    r.hosts("hosta:1\n")
+    job = r.run(1, 4, prog, opts=["--np-multiple-of", "2", "--wait-timeout", "1"])
+    if expect_rc(job, 1, "np-multiple, too few") and \
+            "no size in [--min-np 1, 1] is a multiple of --np-multiple-of 2" not in job.output():
+        fail(f"np-multiple: the wait was not explained:\n{job.output()[-2000:]}")
+    # No multiple between --min-np and --max-np: refused at once.
+    job = r.run(3, 3, prog, opts=["--np-multiple-of", "2"])
+    if job.wait(30) == 0 or "no multiple of 2 between --min-np 3 and --max-np 3" \
+            not in job.output():
+        fail(f"np-multiple: an impossible range was accepted:\n{job.output()[-1000:]}")
+
+
+if CASE in ("shrink", "grow", "wait", "unreachable", "return", "vanish", "np-multiple"):
     probe = subprocess.run(["unshare", "--uts", "true"], capture_output=True)
     if probe.returncode != 0:
         print("SKIP: fake hosts need 'unshare --uts' (root)")
@@ -344,7 +477,8 @@ tmp = tempfile.mkdtemp(prefix="tutti-elastic-test-")
 try:
     {"shrink": case_shrink, "grow": case_grow, "wait": case_wait,
      "unreachable": case_unreachable, "budget": case_budget,
-     "spawn-signal": case_spawn_signal, "sigkill": case_sigkill}[CASE](Rig(tmp))
+     "spawn-signal": case_spawn_signal, "sigkill": case_sigkill, "return": case_return,
+     "vanish": case_vanish, "np-multiple": case_np_multiple}[CASE](Rig(tmp))
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 finish(f"elastic case '{CASE}'")

@@ -118,6 +118,29 @@ TEST(Leaving, NothingWithoutAnElasticDirOrForAnApplicationNotice) {
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
+TEST(Leaving, AnExitRecordNamesHostPidAndStatus) {
+  ElasticDir d("node-7");
+  ::setenv("TUTTI_RESTART_COUNT", "4", 1);
+  config::reload();
+  preempt::record_exit(76, "allreduce #3 did not complete within 3 s");
+  const std::string path = d.dir + "/exited/node-7-" + std::to_string(::getpid());
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const auto rec = nlohmann::json::parse(ss.str());
+  EXPECT_EQ(rec.at("host"), "node-7");
+  EXPECT_EQ(rec.at("pid"), static_cast<int>(::getpid()));
+  EXPECT_EQ(rec.at("status"), 76);
+  EXPECT_EQ(rec.at("attempt"), 4);  // tutti-run ignores records of earlier jobs
+  ::unsetenv("TUTTI_RESTART_COUNT");
+  EXPECT_EQ(rec.at("reason"), "allreduce #3 did not complete within 3 s");
+  EXPECT_FALSE(d.has("node-7"));  // not a leaving record
+  ::unsetenv("TUTTI_ELASTIC_DIR");
+  config::reload();
+  preempt::record_exit(76, "no directory: nothing written, nothing thrown");
+}
+
 // A child owns a monitor with the signals source; `sender` sends it SIGUSR1.
 // Returns whether the child recorded its host as leaving.
 bool child_records_after_signal(bool from_parent) {
