@@ -251,6 +251,8 @@ class TUTTI_API Reducer : public Stateful {
   void broadcast_parameters(int root = 0, void* stream = nullptr);
 
   // Collective: copies `state` (optimiser state, step counters) from `root`.
+  // Per-rank entries (ShardInfo::per_rank, e.g. a compressor's
+  // error-feedback residuals) are left as each rank has them.
   // The lists must agree across ranks (names, dtypes, shapes): a difference
   // is kMismatch on every rank naming the first differing entry.  The
   // Stateful form broadcasts state_dict() and then calls on_state_loaded()

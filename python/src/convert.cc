@@ -44,6 +44,7 @@ pyb::dict shard_to_dict(const ShardInfo& s) {
   d["offset"] = s.offset;
   d["group"] = s.group;
   d["flat"] = s.flat;
+  d["per_rank"] = s.per_rank;
   return d;
 }
 

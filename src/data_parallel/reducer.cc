@@ -375,7 +375,11 @@ void ReducerImpl::broadcast_state(const StateDict& state, int root, void* stream
   std::vector<Tensor> tensors;
   std::vector<std::string> names;
   for (const auto& nt : state) {
-    entries.push_back(describe_tensor_entry(nt.name, nt.tensor, nullptr));
+    // Listed (the ranks must agree on it) but not sent: per-rank state such
+    // as an error-feedback residual is each rank's own.
+    entries.push_back(describe_tensor_entry(nt.name, nt.tensor, nullptr) +
+                      (nt.shard.per_rank ? " (per rank)" : ""));
+    if (nt.shard.per_rank) continue;
     tensors.push_back(nt.tensor);
     names.push_back(nt.name);
   }

@@ -97,6 +97,24 @@ TEST_P(Broadcast, StateFromRoot) {
   EXPECT_EQ(c.loaded, rank == root() ? 0 : 1) << "on_state_loaded on every rank but the root";
 }
 
+// Per-rank state (ShardInfo::per_rank: error-feedback residuals) belongs to
+// its rank: broadcasting it would give every rank the root's residual, so its
+// error is fed back W times.  It stays as each rank had it; the rest is the
+// root's.
+TEST_P(Broadcast, PerRankStateStaysWithItsRank) {
+  Reducer r(world());
+  const int rank = world()->rank();
+  std::vector<float> shared(4, static_cast<float>(rank)), own(5, 100.0f + rank);
+  ShardInfo mine;
+  mine.per_rank = true;
+  mine.group = "dp";
+  StateDict sd = {{"c/bucket0/step", Tensor::of(shared), {}},
+                  {"c/bucket0/residual", Tensor::of(own), mine}};
+  r.broadcast_state(sd, root());
+  for (float x : shared) EXPECT_EQ(x, static_cast<float>(root()));
+  for (float x : own) EXPECT_EQ(x, 100.0f + rank) << "rank " << rank << "'s own residual";
+}
+
 INSTANTIATE_TEST_SUITE_P(Roots, Broadcast, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) {
                            return i.param ? "LastRank" : "RankZero";
