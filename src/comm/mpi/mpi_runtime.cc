@@ -215,9 +215,26 @@ bool Deadline::expired() const {
   return seconds_ > 0 && std::chrono::steady_clock::now() >= when_;
 }
 
-bool wait(MPI_Request* request, const Deadline& deadline, MPI_Status* status) {
+StallWatch::StallWatch(double period_s, std::function<void(double)> report,
+                       Clock::time_point start)
+    : period_s_(period_s), report_(std::move(report)), start_(start),
+      next_(start + std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(period_s > 0 ? period_s : 0))) {}
+
+void StallWatch::poll(Clock::time_point now) {
+  if (period_s_ <= 0 || now < next_) return;
+  const auto period = std::max<Clock::duration>(
+      std::chrono::milliseconds(1),
+      std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(period_s_)));
+  while (next_ <= now) next_ += period;
+  report_(std::chrono::duration<double>(now - start_).count());
+}
+
+bool wait(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
+          StallWatch* stall) {
   int rc = MPI_SUCCESS;
-  const bool done = wait_rc(request, deadline, status, &rc);
+  const bool done = wait_rc(request, deadline, status, &rc, stall);
   if (rc != MPI_SUCCESS) throw_mpi_error(rc, "MPI_Test", __FILE__, __LINE__);
   return done;
 }
@@ -240,7 +257,7 @@ int64_t max_sleep_us() {
 }  // namespace
 
 bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
-             int* rc) {
+             int* rc, StallWatch* stall) {
   // Open MPI's MPI_Wait polls its progress engine in a loop (a core at 100%
   // for as long as the wait lasts; it also cannot honour the deadline), so
   // the blocking wait is built here from MPI_Test and sleeps:
@@ -253,6 +270,7 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
   //     also progresses MPI (non-blocking collectives advance only inside
   //     MPI calls), and a completion is seen at most one sleep late, so the
   //     added latency is bounded by min(time already waited, the cap).
+  //     The stall inspector (`stall`) is polled here, and only here.
   // A cap of 0 keeps phase 2 for the whole wait (the former busy wait).
   constexpr int kSpinPolls = 64;
   constexpr int64_t kYieldUs = 200;
@@ -279,6 +297,7 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
       sched_yield();
       continue;
     }
+    if (stall) stall->poll(Clock::now());
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min(cap, sleep_us * 2);
   }
