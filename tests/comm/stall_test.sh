@@ -8,15 +8,17 @@
 #  * with LATE = 0 or TUTTI_STALL_WARN_S = 0, no rank logged a stall line.
 # CHECK (default 1) is TUTTI_CHECK_COLLECTIVES: with 0 the ranks wait in the
 # data exchange instead of the agreement check.
-#   stall_test.sh PROBE MPIEXEC NP LATE WARN_S [CHECK]
+# MODE (default op) is the probe's mode: op (a named all-reduce) or bucket
+# (the data-parallel reducer's bucket all-reduce).
+#   stall_test.sh PROBE MPIEXEC NP LATE WARN_S [CHECK [MODE]]
 set -u
-probe=$1 mpiexec=$2 np=$3 late=$4 warn=$5 check=${6:-1}
+probe=$1 mpiexec=$2 np=$3 late=$4 warn=$5 check=${6:-1} mode=${7:-op}
 phase="agreeing on the operation"
 [ "$check" = 0 ] && phase="exchanging data"
 delay=2.6
 start=$(date +%s)
 out=$(TUTTI_STALL_WARN_S=$warn TUTTI_CHECK_COLLECTIVES=$check TUTTI_TIMEOUT=30 TUTTI_LOG_LEVEL=warn timeout 60 \
-      "$mpiexec" --oversubscribe --bind-to none -np "$np" "$probe" "$late" "$delay" 2>&1)
+      "$mpiexec" --oversubscribe --bind-to none -np "$np" "$probe" "$late" "$delay" "$mode" 2>&1)
 rc=$?
 elapsed=$(( $(date +%s) - start ))
 fail() { echo "FAIL: $*"; echo "$out" | tail -40; exit 1; }
@@ -30,10 +32,13 @@ waiting=$((np - late))
 arrived=$(seq -s ', ' 0 $((waiting - 1)))
 [ "$waiting" -gt 1 ] && arrived="ranks $arrived" || arrived="rank $arrived"
 missing=""
+last=barrier name="'stall\\.probe'" red=sum
+# The reducer's build() runs collectives of its own before the bucket.
+[ "$mode" = bucket ] && last="[a-z_]+" name="'[^']*bucket[^']*'" red="[a-z]+"
 for ((r = waiting; r < np; ++r)); do
-  missing+="${missing:+; }rank $r \\(last entered #[0-9]+ barrier, finished it\\)"
+  missing+="${missing:+; }rank $r \\(last entered #[0-9]+ $last, finished it\\)"
 done
-op="stall: allreduce #[0-9]+ 'stall\\.probe' float32\\[1000\\] sum on group 'world' \\(4000 bytes\\) has waited [0-9.]+ s"
+op="stall: allreduce #[0-9]+ $name float32\\[1000\\] $red on group 'world' \\(4000 bytes\\) has waited [0-9.]+ s"
 total=$(echo "$out" | grep -c "stall:")
 if [ "$late" -eq 0 ] || [ "$warn" = 0 ]; then
   [ "$total" -eq 0 ] || fail "expected no stall warning, got $total"
