@@ -270,7 +270,8 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
   //     also progresses MPI (non-blocking collectives advance only inside
   //     MPI calls), and a completion is seen at most one sleep late, so the
   //     added latency is bounded by min(time already waited, the cap).
-  //     The stall inspector (`stall`) is polled here, and only here.
+  //     The stall inspector (`stall`) is polled where the deadline is
+  //     checked: never in phase 1, so a prompt op does not touch it.
   // A cap of 0 keeps phase 2 for the whole wait (the former busy wait).
   constexpr int kSpinPolls = 64;
   constexpr int64_t kYieldUs = 200;
@@ -290,14 +291,17 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
     *rc = MPI_Test(request, &flag, status);
     if (*rc != MPI_SUCCESS || flag) return true;
     const bool yielding = cap <= 0 || Clock::now() < yield_until;
-    // Yielding polls are cheap; look at the clock for the deadline only
-    // every 64th of them.  Sleeping polls are few: check each time.
-    if ((!yielding || (i & 63) == 63) && deadline.expired()) return false;
+    // Yielding polls are cheap; look at the clock for the deadline (and the
+    // stall inspector) only every 64th of them.  Sleeping polls are few:
+    // check each time.
+    if (!yielding || (i & 63) == 63) {
+      if (deadline.expired()) return false;
+      if (stall) stall->poll(Clock::now());
+    }
     if (yielding) {
       sched_yield();
       continue;
     }
-    if (stall) stall->poll(Clock::now());
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min(cap, sleep_us * 2);
   }

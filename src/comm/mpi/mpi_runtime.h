@@ -69,9 +69,10 @@ class Deadline {
 // The stall inspector's clock for one operation: report(waited_s) runs
 // every `period_s` seconds after `start` (the op's start, so that the
 // agreement check and the data exchange share it) for as long as the op
-// waits.  period_s <= 0 disables it.  Only the sleeping phase of wait_rc()
-// looks at it: an op that completes within a few hundred microseconds never
-// does, and nothing is sent unless report() sends it.
+// waits.  period_s <= 0 disables it.  wait_rc() looks at it only where it
+// checks its deadline (after the first spinning polls, every 64th yield,
+// every sleep): an op that completes promptly never does, and nothing is
+// sent unless report() sends it.
 class StallWatch {
  public:
   using Clock = std::chrono::steady_clock;
@@ -94,7 +95,7 @@ class StallWatch {
 // microseconds, then sleeps between polls with exponential backoff up to
 // TUTTI_MPI_WAIT_SLEEP_US, so a long wait (a late peer) costs little CPU:
 // the cores stay with the computation the communication overlaps.
-// A `stall` watch is polled while the wait sleeps.
+// A `stall` watch is polled alongside the deadline.
 bool wait(MPI_Request* request, const Deadline& deadline,
           MPI_Status* status = MPI_STATUS_IGNORE, StallWatch* stall = nullptr);
 
