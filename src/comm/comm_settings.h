@@ -1,6 +1,6 @@
 // The settings every communicator reads per operation (TUTTI_TIMEOUT,
-// TUTTI_CHECK_COLLECTIVES), cached and re-read only after config_reload()
-// bumps the settings generation.  One per communicator (MPI and NCCL).
+// TUTTI_CHECK_COLLECTIVES, TUTTI_STALL_WARN_S), cached and re-read only
+// after config_reload() bumps the settings generation.  One per communicator (MPI and NCCL).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@ class CommSettings {
   struct Values {
     double timeout_s = 300;  // TUTTI_TIMEOUT
     bool check_ops = true;   // TUTTI_CHECK_COLLECTIVES
+    double stall_warn_s = 60;  // TUTTI_STALL_WARN_S
   };
 
   // The current values (a copy: safe to use after the lock is gone).
@@ -25,6 +26,7 @@ class CommSettings {
     if (gen != generation_) {
       values_.timeout_s = config::get_double("TUTTI_TIMEOUT");
       values_.check_ops = config::get_bool("TUTTI_CHECK_COLLECTIVES");
+      values_.stall_warn_s = config::get_double("TUTTI_STALL_WARN_S");
       generation_ = gen;
     }
     return values_;

@@ -2,7 +2,11 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "core/check.h"
+#include "tutti/config.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -22,7 +26,27 @@ std::string unprefixed(const std::string& message) {
 
 Watchdog::Watchdog(std::string transport, std::string name, Hooks hooks)
     : transport_(std::move(transport)), name_(std::move(name)),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)),
+      stall_warn_s_(config::get_double("TUTTI_STALL_WARN_S")) {}
+
+void Watchdog::set_stall_warn_s(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stall_warn_s_ = seconds;
+  for (auto& item : items_) item.next_warn = item.start + stall_period();
+}
+
+uint64_t Watchdog::stall_warnings() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stall_warnings_;
+}
+
+Watchdog::Clock::duration Watchdog::stall_period() const {
+  // At least a millisecond, so that a tiny setting cannot spin poll().
+  return std::max<Clock::duration>(
+      std::chrono::milliseconds(1),
+      std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(stall_warn_s_)));
+}
 
 Watchdog::~Watchdog() { stop_thread(); }
 
@@ -40,7 +64,8 @@ void Watchdog::add(std::shared_ptr<WatchedOp> op, uint64_t seq,
                     unprefixed(cause)))));
     return;
   }
-  Item item{std::move(op), seq, std::move(desc), timeout_s, start};
+  Item item{std::move(op), seq, std::move(desc), timeout_s, start, start,
+            start + stall_period()};
   if (timeout_s > 0)
     item.deadline = start + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(timeout_s));
@@ -52,6 +77,7 @@ size_t Watchdog::poll(Clock::time_point now) {
   std::lock_guard<std::mutex> one_pass(poll_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   if (broken_) return 0;
+  std::vector<std::string> stalls;  // logged without the lock
   // Ops leave in any order: a later op's check may finish first.
   for (auto it = items_.begin(); it != items_.end();) {
     bool done = false;
@@ -96,12 +122,28 @@ size_t Watchdog::poll(Clock::time_point now) {
       break_with(cause, culprit);
       return 0;
     }
+    if (stall_warn_s_ > 0 && now >= it->next_warn) {
+      while (it->next_warn <= now) it->next_warn += stall_period();
+      ++stall_warnings_;
+      stalls.push_back(detail::cat(
+          "stall: ", it->desc, " has been in flight for ",
+          static_cast<int64_t>(
+              std::chrono::duration<double>(now - it->start).count() * 10) /
+              10.0,
+          " s while ", it->op->phase(), " on the ", transport_,
+          " communicator '", name_, "' (TUTTI_STALL_WARN_S=", stall_warn_s_,
+          it->timeout_s > 0
+              ? detail::cat("; fails at TUTTI_TIMEOUT=", it->timeout_s, " s")
+              : std::string("; no timeout"),
+          ")"));
+    }
     ++it;
   }
   const size_t left = items_.size();
   std::string oldest = left ? items_.front().desc : std::string();
   const WatchedOp* culprit = left ? items_.front().op.get() : nullptr;
   lock.unlock();
+  for (const auto& m : stalls) TUTTI_LOG(kWarn) << m;
   if (hooks_.async_error) {
     const std::string err = hooks_.async_error();
     if (!err.empty()) {

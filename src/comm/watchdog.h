@@ -82,6 +82,14 @@ class Watchdog {
   // others with kAborted).  The first cause wins; later calls do nothing.
   void break_with(const Error& cause, const WatchedOp* culprit);
 
+  // The stall inspector: an op in flight for `seconds` (then every
+  // `seconds` again) is logged at WARN level with its phase, until it
+  // completes or times out.  0 disables; the constructor reads
+  // TUTTI_STALL_WARN_S.
+  void set_stall_warn_s(double seconds);
+  // Stall warnings logged so far (for tests).
+  uint64_t stall_warnings() const;
+
   bool broken() const;
   // The error that broke the communicator ("" while healthy).
   std::string cause() const;
@@ -107,7 +115,10 @@ class Watchdog {
     std::string desc;
     double timeout_s;
     Clock::time_point deadline;
+    Clock::time_point start;
+    Clock::time_point next_warn;  // the next stall warning
   };
+  Clock::duration stall_period() const;  // under mu_
   void loop(std::chrono::microseconds interval, const ThreadSetup& setup);
 
   const std::string transport_;
@@ -118,6 +129,8 @@ class Watchdog {
   std::deque<Item> items_;  // start order
   bool broken_ = false;
   std::string cause_;
+  double stall_warn_s_ = 0;
+  uint64_t stall_warnings_ = 0;
   bool stop_ = false;
   std::thread thread_;
   std::mutex poll_mu_;  // one poll pass at a time

@@ -32,6 +32,13 @@ const std::vector<SettingInfo> kSettings = {
      "Before each collective, check that all ranks agree on its kind, dtype, "
      "element count, reduce op and root (one 16-byte all-reduce; on NCCL it "
      "overlaps with the op, and a mismatch aborts the NCCL communicator)."},
+    {"TUTTI_STALL_WARN_S", "float", "60",
+     "Stall inspector: when a collective has waited this many seconds for "
+     "other ranks, every waiting rank logs a warning naming the op (kind, "
+     "name, sequence number, bytes), the ranks that arrived and the ranks "
+     "missing, and repeats it every as many seconds until the op completes "
+     "or TUTTI_TIMEOUT fails it; NCCL ops log how long they have been in "
+     "flight.  0 disables it."},
     {"TUTTI_STATUS_GRACE_MS", "int", "2000",
      "After a timeout, how long to wait for peers to report where they are."},
     {"TUTTI_MPI_THREAD_LEVEL", "string", "multiple",

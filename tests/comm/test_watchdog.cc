@@ -202,6 +202,37 @@ TEST(Watchdog, AnOpThatReportsAMismatchBreaksWithThatError) {
   EXPECT_EQ(a->fails, 0);  // it had completed
 }
 
+TEST(Watchdog, StallWarningsRepeatEveryPeriodUntilTheOpCompletes) {
+  Harness h;
+  h.dog->set_stall_warn_s(1.0);
+  const auto t0 = Clock::now();
+  auto slow = h.add(1, 10, t0);
+  auto fast = h.add(2, 10, t0);
+  fast->done = true;
+  h.dog->poll(t0 + milliseconds(500));
+  EXPECT_EQ(h.dog->stall_warnings(), 0u);
+  h.dog->poll(t0 + milliseconds(1200));
+  EXPECT_EQ(h.dog->stall_warnings(), 1u);  // the slow op only
+  h.dog->poll(t0 + milliseconds(1500));
+  EXPECT_EQ(h.dog->stall_warnings(), 1u);  // not again within the period
+  h.dog->poll(t0 + milliseconds(3100));    // two periods later: once
+  EXPECT_EQ(h.dog->stall_warnings(), 2u);
+  slow->done = true;
+  EXPECT_EQ(h.dog->poll(t0 + milliseconds(5000)), 0u);
+  EXPECT_EQ(h.dog->stall_warnings(), 2u);
+  EXPECT_FALSE(h.dog->broken());
+  EXPECT_EQ(slow->fails, 0);
+}
+
+TEST(Watchdog, NoStallWarningWhenDisabled) {
+  Harness h;
+  h.dog->set_stall_warn_s(0);
+  const auto t0 = Clock::now();
+  h.add(1, 0, t0);
+  h.dog->poll(t0 + seconds(100));
+  EXPECT_EQ(h.dog->stall_warnings(), 0u);
+}
+
 TEST(Watchdog, ThreadPollsUntilTheDeadlineWithoutAnyWaiter) {
   // The Work::wait() path: nobody synchronises, the thread still fires.
   Harness h;

@@ -74,10 +74,11 @@ void AgreementCheck::settle_mismatch(const comm::OpLabel& desc) {
               comm::mismatch_message(b_->all), "; ", outcome_);
 }
 
-bool AgreementCheck::wait(const Deadline& deadline, const comm::OpLabel& desc) {
+bool AgreementCheck::wait(const Deadline& deadline, const comm::OpLabel& desc,
+                          StallWatch* stall) {
   for (;;) {
     if (test(desc)) return true;
-    if (!mpi::wait(&b_->req, deadline)) return false;
+    if (!mpi::wait(&b_->req, deadline, MPI_STATUS_IGNORE, stall)) return false;
   }
 }
 

@@ -42,7 +42,8 @@ class AgreementCheck {
   // error); false while pending.  Throws kMismatch on a disagreement.
   bool test(const comm::OpLabel& desc);
   // As test(), blocking until settled or `deadline` passes (false).
-  bool wait(const Deadline& deadline, const comm::OpLabel& desc);
+  bool wait(const Deadline& deadline, const comm::OpLabel& desc,
+            StallWatch* stall = nullptr);
   bool settled() const { return phase_ == kSettled; }
 
  private:

@@ -3,6 +3,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
+#include <optional>
 
 #include "comm/cpu_work.h"
 #include "comm/mpi/agreement.h"
@@ -220,6 +221,7 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   q->request = request;
   q->request.options.timeout_s = timeout;
   q->check = settings.check_ops;
+  q->stall_warn_s = settings.stall_warn_s;
   engine_.submit([self, q, work] { self->execute(q, *work); }, blocking);
   return work;
 }
@@ -236,6 +238,26 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
     progress_->kind = static_cast<uint8_t>(r.kind);
     progress_->entered = seq;
     const Deadline deadline(r.options.timeout_s);
+    // The stall inspector: quiet unless the op waits TUTTI_STALL_WARN_S.
+    // Its callback captures two pointers (no allocation per op).
+    struct StallCtx {
+      const comm::OpLabel& desc;
+      const Queued& q;
+      uint64_t seq;
+      const char* phase;
+    } ctx{desc, *q, seq, "agreeing on the operation"};
+    std::optional<StallWatch> stall;
+    if (size_ > 1 && q->stall_warn_s > 0)
+      stall.emplace(q->stall_warn_s, [this, &ctx](double waited) {
+        warn_stall(ctx.desc, comm::payload_bytes(ctx.q.request), ctx.seq,
+                   waited, ctx.q.stall_warn_s, ctx.q.request.options.timeout_s,
+                   ctx.phase);
+      });
+    struct Reset {
+      StallWatch*& p;
+      ~Reset() { p = nullptr; }
+    } reset{stall_};
+    stall_ = stall ? &*stall : nullptr;
     // Local validation first, but a bad rank still joins the agreement
     // check so that its peers fail too instead of waiting for it.
     std::exception_ptr local_error;
@@ -253,9 +275,10 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
                       desc, deadline, [&] {
                         fail_timeout(desc, seq, r.options.timeout_s,
                                      "agreeing on the operation");
-                      });
+                      }, stall_);
     }
     if (local_error) std::rethrow_exception(local_error);
+    ctx.phase = "exchanging data";
     run_collective(r, deadline, desc, seq);
     progress_->completed = seq;
     work.finish();
@@ -270,9 +293,42 @@ void MpiCommunicator::check_agreement(MPI_Comm check_comm,
                                       bool locally_invalid,
                                       const comm::OpLabel& desc,
                                       const Deadline& deadline,
-                                      const std::function<void()>& on_timeout) {
+                                      const std::function<void()>& on_timeout,
+                                      StallWatch* stall) {
   AgreementCheck check(check_comm, check_comm, wire, locally_invalid);
-  if (!check.wait(deadline, desc)) on_timeout();
+  if (!check.wait(deadline, desc, stall)) on_timeout();
+}
+
+std::vector<int> MpiCommunicator::peer_world_ranks() const {
+  std::vector<int> peers;
+  for (int i = 0; i < size_; ++i)
+    if (i != rank_) peers.push_back(world_ranks_[i]);
+  return peers;
+}
+
+void MpiCommunicator::warn_stall(const comm::OpLabel& desc, size_t bytes,
+                                 uint64_t seq, double waited_s,
+                                 double period_s, double timeout_s,
+                                 const char* phase) {
+  if (!log_enabled(LogLevel::kWarn)) return;
+  std::string report;
+  if (StatusService::instance().running()) {
+    auto st = StatusService::instance().query(
+        comm_id_, peer_world_ranks(),
+        static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
+    report = describe_stall(st, seq, world_ranks_[rank_]);
+  } else {
+    report = "peers could not be asked (the status service is stopped)";
+  }
+  TUTTI_LOG(kWarn) << "stall: " << desc << " (" << bytes << " bytes) has waited "
+                   << static_cast<int64_t>(waited_s) << " s while " << phase
+                   << "; " << report
+                   << (name_ == "world" ? "" : " [world ranks]")
+                   << " (TUTTI_STALL_WARN_S=" << period_s << "; "
+                   << (timeout_s > 0
+                           ? detail::cat("fails at TUTTI_TIMEOUT=", timeout_s, " s")
+                           : std::string("no timeout"))
+                   << ")";
 }
 
 void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
@@ -281,15 +337,10 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
   // Remembered process-wide: shutdown() must not finalise MPI even after
   // this communicator is destroyed (MPI_Finalize would wait for the peer).
   comm::note_communicator_poisoned();
-  std::vector<int> peers;
-  int me_world = -1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me_world);
-  for (int w : world_ranks_)
-    if (w != me_world) peers.push_back(w);
   std::string report;
   if (StatusService::instance().running()) {
     auto st = StatusService::instance().query(
-        comm_id_, peers,
+        comm_id_, peer_world_ranks(),
         static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
     report = describe_stragglers(st, seq);
   } else {
@@ -308,7 +359,7 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
 void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
                                    const comm::OpLabel& desc, uint64_t seq,
                                    MPI_Status* status) {
-  if (!wait(req, deadline, status))
+  if (!wait(req, deadline, status, stall_))
     fail_timeout(desc, seq, deadline.seconds(), "exchanging data");
 }
 

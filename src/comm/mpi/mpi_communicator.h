@@ -68,10 +68,18 @@ class MpiCommunicator : public Communicator,
   static void check_agreement(MPI_Comm check_comm, const comm::WireDesc& wire,
                               bool locally_invalid, const comm::OpLabel& desc,
                               const Deadline& deadline,
-                              const std::function<void()>& on_timeout);
+                              const std::function<void()>& on_timeout,
+                              StallWatch* stall = nullptr);
 
   // Builds the timeout error (asks peers where they are) and poisons this
   // communicator.
+  // The stall inspector's warning for op #`seq`, which has waited
+  // `waited_s` (asks peers where they are, like fail_timeout(), but only
+  // logs).
+  void warn_stall(const comm::OpLabel& desc, size_t bytes, uint64_t seq,
+                  double waited_s, double period_s, double timeout_s,
+                  const char* phase);
+
   [[noreturn]] void fail_timeout(const comm::OpLabel& desc, uint64_t seq,
                                  double seconds, const char* phase);
 
@@ -81,8 +89,11 @@ class MpiCommunicator : public Communicator,
   struct Queued {
     OpRequest request;
     bool check = true;
+    double stall_warn_s = 0;  // TUTTI_STALL_WARN_S
   };
   void execute(const std::shared_ptr<Queued>& q, comm::CpuWork& work);
+  // World ranks of the other members.
+  std::vector<int> peer_world_ranks() const;
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
   void wait_or_fail(MPI_Request* req, const Deadline& deadline,
@@ -105,6 +116,9 @@ class MpiCommunicator : public Communicator,
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
   comm::CommSettings settings_;  // the hot path must not parse the environment
+  // The running collective's stall watch (engine thread only; null between
+  // ops and when TUTTI_STALL_WARN_S is 0).
+  StallWatch* stall_ = nullptr;
 };
 
 }  // namespace mpi

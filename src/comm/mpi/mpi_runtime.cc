@@ -215,9 +215,26 @@ bool Deadline::expired() const {
   return seconds_ > 0 && std::chrono::steady_clock::now() >= when_;
 }
 
-bool wait(MPI_Request* request, const Deadline& deadline, MPI_Status* status) {
+StallWatch::StallWatch(double period_s, std::function<void(double)> report,
+                       Clock::time_point start)
+    : period_s_(period_s), report_(std::move(report)), start_(start),
+      next_(start + std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(period_s > 0 ? period_s : 0))) {}
+
+void StallWatch::poll(Clock::time_point now) {
+  if (period_s_ <= 0 || now < next_) return;
+  const auto period = std::max<Clock::duration>(
+      std::chrono::milliseconds(1),
+      std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(period_s_)));
+  while (next_ <= now) next_ += period;
+  report_(std::chrono::duration<double>(now - start_).count());
+}
+
+bool wait(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
+          StallWatch* stall) {
   int rc = MPI_SUCCESS;
-  const bool done = wait_rc(request, deadline, status, &rc);
+  const bool done = wait_rc(request, deadline, status, &rc, stall);
   if (rc != MPI_SUCCESS) throw_mpi_error(rc, "MPI_Test", __FILE__, __LINE__);
   return done;
 }
@@ -240,7 +257,7 @@ int64_t max_sleep_us() {
 }  // namespace
 
 bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
-             int* rc) {
+             int* rc, StallWatch* stall) {
   // Open MPI's MPI_Wait polls its progress engine in a loop (a core at 100%
   // for as long as the wait lasts; it also cannot honour the deadline), so
   // the blocking wait is built here from MPI_Test and sleeps:
@@ -253,6 +270,8 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
   //     also progresses MPI (non-blocking collectives advance only inside
   //     MPI calls), and a completion is seen at most one sleep late, so the
   //     added latency is bounded by min(time already waited, the cap).
+  //     The stall inspector (`stall`) is polled where the deadline is
+  //     checked: never in phase 1, so a prompt op does not touch it.
   // A cap of 0 keeps phase 2 for the whole wait (the former busy wait).
   constexpr int kSpinPolls = 64;
   constexpr int64_t kYieldUs = 200;
@@ -272,9 +291,13 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
     *rc = MPI_Test(request, &flag, status);
     if (*rc != MPI_SUCCESS || flag) return true;
     const bool yielding = cap <= 0 || Clock::now() < yield_until;
-    // Yielding polls are cheap; look at the clock for the deadline only
-    // every 64th of them.  Sleeping polls are few: check each time.
-    if ((!yielding || (i & 63) == 63) && deadline.expired()) return false;
+    // Yielding polls are cheap; look at the clock for the deadline (and the
+    // stall inspector) only every 64th of them.  Sleeping polls are few:
+    // check each time.
+    if (!yielding || (i & 63) == 63) {
+      if (deadline.expired()) return false;
+      if (stall) stall->poll(Clock::now());
+    }
     if (yielding) {
       sched_yield();
       continue;

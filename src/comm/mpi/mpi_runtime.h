@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <functional>
 
 #include "core/check.h"
 #include "tutti/comm.h"
@@ -65,18 +66,43 @@ class Deadline {
   std::chrono::steady_clock::time_point when_;
 };
 
+// The stall inspector's clock for one operation: report(waited_s) runs
+// every `period_s` seconds after `start` (the op's start, so that the
+// agreement check and the data exchange share it) for as long as the op
+// waits.  period_s <= 0 disables it.  wait_rc() looks at it only where it
+// checks its deadline (after the first spinning polls, every 64th yield,
+// every sleep): an op that completes promptly never does, and nothing is
+// sent unless report() sends it.
+class StallWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  StallWatch(double period_s, std::function<void(double waited_s)> report,
+             Clock::time_point start = Clock::now());
+  // Calls report() if a period has ended since the last call (once, however
+  // many periods passed).
+  void poll(Clock::time_point now);
+  bool enabled() const { return period_s_ > 0; }
+
+ private:
+  double period_s_;
+  std::function<void(double)> report_;
+  Clock::time_point start_;
+  Clock::time_point next_;
+};
+
 // Polls `request` until it completes (true) or the deadline passes (false;
 // the request is left pending).  Spins briefly, yields for a few hundred
 // microseconds, then sleeps between polls with exponential backoff up to
 // TUTTI_MPI_WAIT_SLEEP_US, so a long wait (a late peer) costs little CPU:
 // the cores stay with the computation the communication overlaps.
+// A `stall` watch is polled alongside the deadline.
 bool wait(MPI_Request* request, const Deadline& deadline,
-          MPI_Status* status = MPI_STATUS_IGNORE);
+          MPI_Status* status = MPI_STATUS_IGNORE, StallWatch* stall = nullptr);
 
 // As wait(), but an MPI error is returned in *rc (MPI_SUCCESS otherwise)
 // instead of thrown, for callers that translate it (e.g. MPI_ERR_TRUNCATE).
 bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
-             int* rc);
+             int* rc, StallWatch* stall = nullptr);
 
 }  // namespace mpi
 }  // namespace tutti

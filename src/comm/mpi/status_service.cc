@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -163,6 +164,51 @@ std::vector<PeerStatus> StatusService::query(uint64_t comm_id,
   return out;
 }
 
+namespace {
+
+// " (last entered #4 barrier, finished it)" for a peer that did not reach
+// the op.
+std::string where_is(const PeerStatus& p) {
+  std::ostringstream os;
+  if (!p.member)
+    os << " (has no such communicator)";
+  else if (p.entered == 0)
+    os << " (has not started any operation)";
+  else
+    os << " (last entered #" << p.entered << " "
+       << collective_kind_name(static_cast<CollectiveKind>(p.kind))
+       << (p.completed >= p.entered ? ", finished it" : ", still in it") << ")";
+  return os.str();
+}
+
+}  // namespace
+
+std::string describe_stall(const std::vector<PeerStatus>& peers, uint64_t seq,
+                           int self) {
+  std::vector<int> arrived{self};
+  std::ostringstream missing;
+  int n_missing = 0;
+  for (const auto& p : peers) {
+    if (p.answered && p.member && p.entered >= seq) {
+      arrived.push_back(p.world_rank);
+      continue;
+    }
+    missing << (n_missing++ ? "; " : "") << "rank " << p.world_rank
+            << (p.answered ? where_is(p)
+                           : " (did not answer: dead, or stuck outside tutti)");
+  }
+  std::sort(arrived.begin(), arrived.end());
+  std::ostringstream os;
+  os << "arrived: " << (arrived.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < arrived.size(); ++i) os << (i ? ", " : "") << arrived[i];
+  if (n_missing)
+    os << "; missing: " << missing.str();
+  else
+    os << "; missing: none (every rank entered this op: the transport has "
+          "not completed it yet)";
+  return os.str();
+}
+
 std::string describe_stragglers(const std::vector<PeerStatus>& peers,
                                 uint64_t seq) {
   std::ostringstream never, ahead, silent, arrived;
@@ -171,16 +217,8 @@ std::string describe_stragglers(const std::vector<PeerStatus>& peers,
     if (!p.answered) {
       silent << (n_silent++ ? ", " : "") << p.world_rank;
     } else if (!p.member || p.entered < seq) {
-      never << (n_never++ ? "; " : "") << "rank " << p.world_rank;
-      if (!p.member)
-        never << " (has no such communicator)";
-      else if (p.entered == 0)
-        never << " (has not started any operation)";
-      else
-        never << " (last entered #" << p.entered << " "
-              << collective_kind_name(static_cast<CollectiveKind>(p.kind))
-              << (p.completed >= p.entered ? ", finished it" : ", still in it")
-              << ")";
+      never << (n_never++ ? "; " : "") << "rank " << p.world_rank
+            << where_is(p);
     } else if (p.entered > seq) {
       ahead << (n_ahead++ ? "; " : "") << "rank " << p.world_rank << " (at #"
             << p.entered << ")";

@@ -74,5 +74,12 @@ class StatusService {
 std::string describe_stragglers(const std::vector<PeerStatus>& peers,
                                 uint64_t seq);
 
+// The stall inspector's view of op #`seq`, which rank `self` (world rank)
+// has entered: "arrived: ranks 0, 1, 3; missing: rank 2 (last entered #4
+// barrier, finished it)".  A peer that entered #seq or later has arrived; one
+// that did not answer is missing ("did not answer").
+std::string describe_stall(const std::vector<PeerStatus>& peers, uint64_t seq,
+                           int self);
+
 }  // namespace mpi
 }  // namespace tutti
