@@ -4,10 +4,22 @@ import torch
 from .. import _C
 
 
-def group_or_world(process_set):
+def require_init(call):
+    """Raises, naming the Python call (``hvd.allreduce(...)``), when
+    hvd.init() has not run: Horovod's users read "call hvd.init() first",
+    not the C++ ``tutti::init()``."""
+    if not _C.initialized():
+        raise _C.InvalidArgumentError(
+            f"{call}: tutti.torch is not initialised: call hvd.init() first")
+
+
+def group_or_world(process_set, call="hvd"):
     """A tutti.ProcessGroup: the one given (Horovod's process_set), else the
-    world."""
-    return process_set if process_set is not None else _C.world()
+    world (``call`` names the Python call in the not-initialised error)."""
+    if process_set is not None:
+        return process_set
+    require_init(call)
+    return _C.world()
 
 
 def stream_of(tensor):
@@ -22,6 +34,39 @@ def export(tensor):
     """The tensor as tutti sees it: torch refuses DLPack export of tensors
     that require grad; .detach() shares the memory."""
     return tensor.detach() if tensor.requires_grad else tensor
+
+
+# dtypes tutti's core lacks, moved bit for bit as a same-size dtype it has
+# (a view: no copy, in-place operations write through).
+_MOVE_AS = {torch.bool: torch.uint8, torch.int16: torch.float16}
+
+
+def wire(tensor):
+    """``tensor`` (already exported) as a dtype tutti moves: bool as uint8,
+    int16 as float16 bits.  For data movement only (broadcast, allgather,
+    alltoall); reductions go through reduce_in()."""
+    as_dtype = _MOVE_AS.get(tensor.dtype)
+    return tensor if as_dtype is None else tensor.view(as_dtype)
+
+
+def reduce_in(tensor, op, call):
+    """(tensor to reduce, op, dtype to cast the result back to or None) for
+    dtypes tutti cannot reduce natively.  int16 is widened to int32 (exact;
+    the cast back wraps as int16 arithmetic would).  bool reduces as uint8
+    0/1 with Sum/Max as logical or and Min/Product as logical and (torch's
+    bool arithmetic); Average of bools has no bool result and raises."""
+    if tensor.dtype == torch.int16:
+        return tensor.to(torch.int32), op, torch.int16
+    if tensor.dtype == torch.bool:
+        if op in (_C.ReduceOp.SUM, _C.ReduceOp.MAX):
+            return tensor.to(torch.uint8), _C.ReduceOp.MAX, torch.bool
+        if op in (_C.ReduceOp.MIN, _C.ReduceOp.PROD):
+            return tensor.to(torch.uint8), _C.ReduceOp.MIN, torch.bool
+        raise error(_C.InvalidArgumentError,
+                    f"{call}: op={op} on a bool tensor has no bool result; "
+                    "use op=hvd.Sum (logical or), hvd.Min (logical and) or "
+                    "convert the tensor first")
+    return tensor, op, None
 
 
 def error(cls, message):
