@@ -259,3 +259,57 @@ def test_alltoall_and_reducescatter_async(rank, size):
     t = size * (size - 1) // 2
     assert torch.equal(got, torch.tensor([(size * i + t) / 2 for i in (2 * rank, 2 * rank + 1)]))
     assert torch.allclose(hvd.reducescatter(x), got * 2 / size)  # Average
+
+
+# ---- process sets ----------------------------------------------------------------
+
+def test_process_sets(rank, size):
+    g = hvd.global_process_set
+    assert (g.process_set_id, g.size(), g.rank(), g.included()) == (0, size, rank, True)
+    assert hvd.broadcast(torch.tensor([rank]), size - 1, process_set=g).item() == size - 1
+    evens = [r for r in range(size) if r % 2 == 0]
+    odds = [r for r in range(size) if r % 2 == 1]
+    even_set = hvd.add_process_set(evens)
+    odd_set = hvd.add_process_set(hvd.ProcessSet(odds)) if odds else None
+    mine, ranks = (even_set, evens) if rank % 2 == 0 else (odd_set, odds)
+    other, other_ranks = (odd_set, odds) if rank % 2 == 0 else (even_set, evens)
+    assert mine.included() and mine.rank() == ranks.index(rank) and mine.size() == len(ranks)
+    x = torch.tensor([float(rank), 1.0])
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum, process_set=mine),
+                       torch.tensor([float(sum(ranks)), len(ranks)]))
+    assert torch.equal(hvd.allgather(torch.tensor([rank]), process_set=mine), torch.tensor(ranks))
+    for root in ranks:  # root_rank is a world rank, as in Horovod
+        assert hvd.broadcast(torch.tensor([10.0 * rank]), root, process_set=mine).item() == 10 * root
+    assert hvd.broadcast_object({"r": rank}, ranks[-1], process_set=mine) == {"r": ranks[-1]}
+    a, b = hvd.grouped_allreduce([x, 2 * x], op=hvd.Sum, process_set=mine)
+    assert torch.equal(b, 2 * a) and a[0].item() == sum(ranks)
+    # DistributedOptimizer on the set: d(w * (rank + 1))/dw averaged over it.
+    lin = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(lin.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=1.0),
+                                   named_parameters=lin.named_parameters(), process_set=mine)
+    lin(torch.tensor([[rank + 1.0]])).sum().backward()
+    opt.step()
+    assert lin.weight.item() == -(sum(ranks) / len(ranks) + 1)
+    if other is not None:
+        assert not other.included() and other.rank() == -1
+        with pytest.raises(tutti.InvalidArgumentError, match=r"hvd\.allreduce_async\(\).*not in"):
+            hvd.allreduce(x, process_set=other)
+        with pytest.raises(tutti.InvalidArgumentError, match="root_rank"):
+            hvd.broadcast(x, other_ranks[0], process_set=mine)
+        with pytest.raises(tutti.MismatchError, match="differ"):
+            hvd.add_process_set([0] if rank == 0 else [0, 1])
+    with pytest.raises(tutti.InvalidArgumentError, match="already has ranks"):
+        hvd.add_process_set(evens)
+    assert hvd.remove_process_set(even_set) and not hvd.remove_process_set(even_set)
+    assert not hvd.remove_process_set(hvd.global_process_set)
+    if odd_set is not None:
+        assert hvd.remove_process_set(odd_set)
+    with pytest.raises(tutti.InvalidArgumentError, match="not registered"):
+        hvd.allreduce(x, process_set=even_set)
+    # Static sets through init (idempotent: registers what is new).
+    every = hvd.ProcessSet(range(size))
+    hvd.init(process_sets=[every])
+    assert every.process_set_id is not None and every.rank() == rank
+    assert hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=every).item() == size
+    assert hvd.remove_process_set(every)

@@ -106,6 +106,12 @@ from .mpi_ops import (  # noqa: F401
     synchronize,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .process_sets import (  # noqa: F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from . import checkpoint, elastic, tensor_parallel  # noqa: F401,E402
 from .elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401,E402
 

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import _C
+from . import process_sets as _sets
 from ._util import require_init
 
 _cross = {}
@@ -9,14 +10,21 @@ _cross = {}
 
 def init(comm=None, process_sets=None):
     """Initialises tutti (MPI under mpirun, a world of one otherwise).
-    Idempotent.  Horovod's ``comm`` (an mpi4py communicator or a rank list)
-    and ``process_sets`` are not supported: split groups with
-    ``tutti.world().split(color)`` and pass them as ``process_set=``."""
-    if comm is not None or process_sets is not None:
+    Idempotent.  ``process_sets``: ProcessSets (or rank lists) registered
+    here, collectively, as hvd.add_process_set() does ("dynamic" is
+    accepted: sets can always be added later).  Horovod's ``comm`` (an
+    mpi4py communicator or a rank list) is not supported."""
+    if comm is not None:
         raise _C.UnsupportedError(
-            "hvd.init(): comm= and process_sets= are not supported; "
-            "create groups with tutti.world().split(color, key) instead")
+            "hvd.init(): comm= is not supported; create process sets with "
+            "hvd.add_process_set(ranks) (or tutti.world().split(color, key))")
     _C.init()
+    if 0 not in _sets._registry:
+        _sets._start()
+    if process_sets is not None and process_sets != "dynamic":
+        for ps in process_sets:
+            if getattr(ps, "process_set_id", None) is None:
+                _sets.add_process_set(ps)
     if not _cross:
         # Collective, once, while every rank is here: the node structure.
         world = _C.world()
@@ -32,6 +40,7 @@ def shutdown():
     """Drains and releases everything (also registered at exit)."""
     _C.shutdown()
     _cross.clear()
+    _sets._forget()
 
 
 def is_initialized():

@@ -14,12 +14,21 @@ def require_init(call):
 
 
 def group_or_world(process_set, call="hvd"):
-    """A tutti.ProcessGroup: the one given (Horovod's process_set), else the
-    world (``call`` names the Python call in the not-initialised error)."""
-    if process_set is not None:
-        return process_set
-    require_init(call)
-    return _C.world()
+    """A tutti.ProcessGroup: the world for None, the group of a Horovod
+    ``hvd.ProcessSet`` (InvalidArgumentError on a rank outside it), a
+    tutti.ProcessGroup as given (``call`` names the Python call in errors)."""
+    if process_set is None:
+        require_init(call)
+        return _C.world()
+    group_of = getattr(process_set, "_hvd_group", None)
+    return group_of(call) if group_of is not None else process_set
+
+
+def group_root(process_set, root_rank, call):
+    """root_rank in the group's numbering: a ProcessSet takes world ranks
+    (Horovod's convention), a tutti.ProcessGroup its own ranks."""
+    to_set = getattr(process_set, "_set_rank_of", None)
+    return to_set(root_rank, call) if to_set is not None else root_rank
 
 
 def stream_of(tensor):

@@ -6,7 +6,7 @@ import pickle
 import torch
 
 from .. import _C
-from ._util import error, export, group_or_world, stream_of, wire
+from ._util import error, export, group_or_world, group_root, stream_of, wire
 
 # Host tensors are broadcast in packed chunks of at most this many bytes.
 _PACK_BYTES = 64 << 20
@@ -25,7 +25,9 @@ def broadcast_tensors_(tensors, root_rank, process_set=None, name="broadcast"):
     (NCCL, stream-ordered).  Every rank passes the same list (checked:
     a different dtype or size is a MismatchError on every rank).  bool and
     int16 tensors travel bit for bit as uint8 / float16 views."""
-    g = group_or_world(process_set, f"hvd.{name}()" if name.isidentifier() else name)
+    call = f"hvd.{name}()" if name.isidentifier() else name
+    g = group_or_world(process_set, call)
+    root_rank = group_root(process_set, root_rank, call)
     host = {}
     for i, t in enumerate(tensors):
         if t.is_cuda:
@@ -65,6 +67,7 @@ def broadcast_parameters(params, root_rank, process_set=None):
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """root_rank's ``obj`` (pickled) on every rank."""
     g = group_or_world(process_set, "hvd.broadcast_object()")
+    root_rank = group_root(process_set, root_rank, "hvd.broadcast_object()")
     label = name or "broadcast_object"
     if g.rank == root_rank:
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
@@ -134,7 +137,8 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     found = []
     structure = _strip(optimizer.state_dict(), found)
     structure = broadcast_object(structure, root_rank, "broadcast_optimizer_state", process_set)
-    if g.rank == root_rank:
+    root = group_root(process_set, root_rank, "hvd.broadcast_optimizer_state()")
+    if g.rank == root:
         tensors = found
     else:
         specs = []
@@ -143,7 +147,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
         tensors = [torch.empty(s.shape, dtype=s.dtype, device=device if s.cuda else "cpu")
                    for s in specs]
     broadcast_tensors_(tensors, root_rank, process_set, "broadcast_optimizer_state")
-    if g.rank != root_rank:
+    if g.rank != root:
         optimizer.load_state_dict(_fill(structure, list(tensors)))
 
 

@@ -11,7 +11,7 @@ stream.  ``process_set`` takes a :class:`tutti.ProcessGroup`.
 import torch
 
 from .. import _C
-from ._util import error, export, group_or_world, reduce_in, require_init, stream_of, wire
+from ._util import error, export, group_or_world, group_root, reduce_in, require_init, stream_of, wire
 
 Average = _C.ReduceOp.AVG
 Sum = _C.ReduceOp.SUM
@@ -232,7 +232,8 @@ def allgather(tensor, name=None, process_set=None):
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Starts an in-place broadcast from root_rank; returns a Handle."""
     work = group_or_world(process_set, "hvd.broadcast()").broadcast(
-        wire(export(tensor)), root=root_rank, name=name or "", async_op=True,
+        wire(export(tensor)), root=group_root(process_set, root_rank, "hvd.broadcast()"),
+        name=name or "", async_op=True,
         stream=stream_of(tensor))
     return Handle(work, tensor)
 
@@ -260,7 +261,7 @@ class _BroadcastFn(torch.autograd.Function):
         root, name, ps = ctx.args
         reduced = allreduce_async(grad, None, name and name + ".grad", Average, 1.0, 1.0,
                                   ps).wait()
-        if group_or_world(ps).rank != root:
+        if group_or_world(ps).rank != group_root(ps, root, "hvd.broadcast()"):
             reduced.zero_()
         return reduced, None, None, None
 
