@@ -128,6 +128,25 @@ def test_small_dtypes_in_collectives(rank, size):
                                           dtype=torch.int16))
 
 
+def test_moved_dtypes_must_agree(rank, size):
+    """bool/int16 travel as uint8/float16 views; a rank with the view's own
+    dtype must not receive reinterpreted bits silently."""
+    if size == 1:
+        return
+    for mine in (torch.int16, torch.float16, torch.float16), (torch.bool, torch.uint8, torch.int16):
+        dtype = mine[rank % 3] if rank > 0 else mine[0]
+        t = torch.ones(4, dtype=dtype)
+        with pytest.raises(tutti.MismatchError):
+            hvd.broadcast_(t, 0)
+        with pytest.raises(tutti.MismatchError):
+            hvd.allgather(t)
+        with pytest.raises(tutti.MismatchError):
+            hvd.broadcast_parameters({"t": t}, 0)
+    hvd.barrier()
+    h = hvd.broadcast(torch.full((2,), rank, dtype=torch.int16), 0)
+    assert h.tolist() == [0, 0]  # the communicator is still usable
+
+
 class _Masked(torch.nn.Module):
     def __init__(self, seed):
         super().__init__()

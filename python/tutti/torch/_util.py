@@ -58,6 +58,29 @@ def wire(tensor):
     return tensor if as_dtype is None else tensor.view(as_dtype)
 
 
+_MOVE_CODE = {torch.bool: 1, torch.int16: 2}
+
+
+def agree_moved_dtype(group, tensor, call):
+    """Before moving a bool or int16 tensor as a view: every rank must have
+    the same dtype, which the view hides from tutti's agreement check (an
+    int16 on one rank and a float16 on another would both travel as
+    float16 and the bits would be misread without an error).  One 2-int64
+    all-reduce, only for these dtypes; a rank that moves a native dtype
+    meanwhile issues a different collective, which the agreement check
+    refuses (MismatchError on both)."""
+    code = _MOVE_CODE.get(tensor.dtype)
+    if code is None or group.size == 1:
+        return
+    seen = torch.tensor([code, -code], dtype=torch.int64)
+    group.allreduce(seen, op="max", name=f"{call} {tensor.dtype} check")
+    if int(seen[0]) != code or -int(seen[1]) != code:
+        names = {c: str(d) for d, c in _MOVE_CODE.items()}
+        raise error(_C.MismatchError,
+                    f"{call}: ranks passed different dtypes ({names[-int(seen[1])]} and "
+                    f"{names[int(seen[0])]}); this rank has {tensor.dtype}")
+
+
 def reduce_in(tensor, op, call):
     """(tensor to reduce, op, dtype to cast the result back to or None) for
     dtypes tutti cannot reduce natively.  int16 is widened to int32 (exact;

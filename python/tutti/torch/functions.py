@@ -6,7 +6,8 @@ import pickle
 import torch
 
 from .. import _C
-from ._util import error, export, group_or_world, group_root, stream_of, wire
+from ._util import (agree_moved_dtype, error, export, group_or_world, group_root, stream_of,
+                    wire)
 
 # Host tensors are broadcast in packed chunks of at most this many bytes.
 _PACK_BYTES = 64 << 20
@@ -31,6 +32,7 @@ def broadcast_tensors_(tensors, root_rank, process_set=None, name="broadcast"):
     host = {}
     for i, t in enumerate(tensors):
         if t.is_cuda:
+            agree_moved_dtype(g, t, call)
             g.broadcast(wire(export(t)), root=root_rank, name=f"{name} #{i}",
                         stream=stream_of(t))
         else:
@@ -40,6 +42,7 @@ def broadcast_tensors_(tensors, root_rank, process_set=None, name="broadcast"):
         for t in ts + [None]:
             if t is None or (chunk and nbytes + t.numel() * t.element_size() > _PACK_BYTES):
                 flat = torch.cat([export(c).reshape(-1) for c in chunk])
+                agree_moved_dtype(g, flat, call)
                 g.broadcast(wire(flat), root=root_rank, name=f"{name} {dtype}")
                 if g.rank != root_rank:
                     offset = 0

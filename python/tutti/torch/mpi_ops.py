@@ -11,7 +11,8 @@ stream.  ``process_set`` takes a :class:`tutti.ProcessGroup`.
 import torch
 
 from .. import _C
-from ._util import error, export, group_or_world, group_root, reduce_in, require_init, stream_of, wire
+from ._util import (agree_moved_dtype, error, export, group_or_world, group_root, reduce_in,
+                    require_init, stream_of, wire)
 
 Average = _C.ReduceOp.AVG
 Sum = _C.ReduceOp.SUM
@@ -186,6 +187,7 @@ def _allgather_start(tensor, name, process_set, call):
     for d in src.shape[1:]:
         inner *= int(d)
     out = src.new_empty((sum(rows),) + tuple(src.shape[1:]))
+    agree_moved_dtype(g, src, call)
     work = g.allgatherv(wire(src), wire(out), [r * inner for r in rows], name=name or "",
                         async_op=True, stream=stream_of(src))
     return work, out, rows
@@ -231,10 +233,11 @@ def allgather(tensor, name=None, process_set=None):
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Starts an in-place broadcast from root_rank; returns a Handle."""
-    work = group_or_world(process_set, "hvd.broadcast()").broadcast(
-        wire(export(tensor)), root=group_root(process_set, root_rank, "hvd.broadcast()"),
-        name=name or "", async_op=True,
-        stream=stream_of(tensor))
+    g = group_or_world(process_set, "hvd.broadcast()")
+    root = group_root(process_set, root_rank, "hvd.broadcast()")
+    agree_moved_dtype(g, tensor, "hvd.broadcast()")
+    work = g.broadcast(wire(export(tensor)), root=root, name=name or "", async_op=True,
+                       stream=stream_of(tensor))
     return Handle(work, tensor)
 
 
@@ -291,6 +294,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
                         "pass splits=")
         send = torch.full((g.size,), n // g.size, dtype=torch.int64)
         out = torch.empty_like(src)
+        agree_moved_dtype(g, src, call)
         work = g.alltoall(wire(src), wire(out), name=name or "", async_op=True,
                           stream=stream_of(src))
         return Handle(work, out, lambda t: (t, send.clone()))
@@ -311,6 +315,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     for j in range(g.size):
         padded[j, :int(send[j])] = src[offsets[j]:offsets[j + 1]]
     got = torch.empty_like(padded)
+    agree_moved_dtype(g, src, call)
     work = g.alltoall(wire(padded), wire(got), name=name or "", async_op=True,
                       stream=stream_of(src))
     return Handle(work, got, lambda t: (torch.cat([t[i, :int(recv[i])] for i in range(g.size)]),
