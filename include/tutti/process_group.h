@@ -38,6 +38,10 @@ TUTTI_API void init(const InitOptions& options = {});
 // MPI is not finalised (it could hang); the process should exit.
 TUTTI_API void shutdown();
 TUTTI_API bool initialized();
+// The thread level MPI granted tutti's world ("MPI_THREAD_MULTIPLE", the
+// only level tutti starts with), or "" when the world runs without MPI (a
+// local world of one).  Error(kInvalidArgument) before init().
+TUTTI_API std::string mpi_thread_level();
 
 // World rank/size and the position on this node (ranks sharing memory).
 TUTTI_API int rank();

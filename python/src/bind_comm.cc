@@ -299,6 +299,9 @@ void bind_comm(pyb::module_& m) {
     shutdown();
   }, "Drain and release everything; finalises MPI if tutti initialised it.");
   m.def("initialized", &initialized);
+  m.def("mpi_thread_level", &mpi_thread_level,
+        "The thread level MPI granted tutti's world (\"MPI_THREAD_MULTIPLE\"), "
+        "or \"\" when the world runs without MPI.");
   m.def("world", &world, "The world ProcessGroup.");
   m.def("rank", [] { return rank(); });
   m.def("size", [] { return size(); });

@@ -193,6 +193,13 @@ ProcessGroupPtr world() {
   return s.world;
 }
 
+std::string mpi_thread_level() {
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  TUTTI_ARG_CHECK(s.initialized, "tutti is not initialised: call tutti::init() first");
+  return s.use_mpi ? mpi::thread_level_name(s.mpi_state.thread_level) : std::string();
+}
+
 int rank() { return world()->rank(); }
 int size() { return world()->size(); }
 int local_rank() {

@@ -41,9 +41,11 @@ from .._C import (  # noqa: F401  (tutti's errors and groups, re-exported)
     UnsupportedError,
 )
 from ._basics import (  # noqa: F401
+    ccl_built,
     cross_rank,
     cross_size,
     cuda_built,
+    ddp_built,
     gloo_built,
     gloo_enabled,
     init,
@@ -53,6 +55,7 @@ from ._basics import (  # noqa: F401
     local_size,
     mpi_built,
     mpi_enabled,
+    mpi_thread_level,
     mpi_threads_supported,
     nccl_built,
     rank,
@@ -83,16 +86,32 @@ from .mpi_ops import (  # noqa: F401
     allreduce_async,
     allreduce_async_,
     alltoall,
+    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     poll,
     reducescatter,
+    reducescatter_async,
     synchronize,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .process_sets import (  # noqa: F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from . import checkpoint, elastic, tensor_parallel  # noqa: F401,E402
 from .elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401,E402
 

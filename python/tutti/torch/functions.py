@@ -6,7 +6,8 @@ import pickle
 import torch
 
 from .. import _C
-from ._util import error, export, group_or_world, stream_of
+from ._util import (agree_moved_dtype, error, export, group_or_world, group_root, stream_of,
+                    wire)
 
 # Host tensors are broadcast in packed chunks of at most this many bytes.
 _PACK_BYTES = 64 << 20
@@ -23,12 +24,17 @@ def broadcast_tensors_(tensors, root_rank, process_set=None, name="broadcast"):
     """Overwrites every tensor with root_rank's, in place.  Host tensors of
     one dtype are packed into few broadcasts; CUDA tensors go one by one
     (NCCL, stream-ordered).  Every rank passes the same list (checked:
-    a different dtype or size is a MismatchError on every rank)."""
-    g = group_or_world(process_set)
+    a different dtype or size is a MismatchError on every rank).  bool and
+    int16 tensors travel bit for bit as uint8 / float16 views."""
+    call = f"hvd.{name}()" if name.isidentifier() else name
+    g = group_or_world(process_set, call)
+    root_rank = group_root(process_set, root_rank, call)
     host = {}
     for i, t in enumerate(tensors):
         if t.is_cuda:
-            g.broadcast(export(t), root=root_rank, name=f"{name} #{i}", stream=stream_of(t))
+            agree_moved_dtype(g, t, call)
+            g.broadcast(wire(export(t)), root=root_rank, name=f"{name} #{i}",
+                        stream=stream_of(t))
         else:
             host.setdefault(t.dtype, []).append(t)
     for dtype, ts in host.items():
@@ -36,7 +42,8 @@ def broadcast_tensors_(tensors, root_rank, process_set=None, name="broadcast"):
         for t in ts + [None]:
             if t is None or (chunk and nbytes + t.numel() * t.element_size() > _PACK_BYTES):
                 flat = torch.cat([export(c).reshape(-1) for c in chunk])
-                g.broadcast(flat, root=root_rank, name=f"{name} {dtype}")
+                agree_moved_dtype(g, flat, call)
+                g.broadcast(wire(flat), root=root_rank, name=f"{name} {dtype}")
                 if g.rank != root_rank:
                     offset = 0
                     with torch.no_grad():
@@ -62,7 +69,8 @@ def broadcast_parameters(params, root_rank, process_set=None):
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """root_rank's ``obj`` (pickled) on every rank."""
-    g = group_or_world(process_set)
+    g = group_or_world(process_set, "hvd.broadcast_object()")
+    root_rank = group_root(process_set, root_rank, "hvd.broadcast_object()")
     label = name or "broadcast_object"
     if g.rank == root_rank:
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
@@ -78,7 +86,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
 
 def allgather_object(obj, name=None, process_set=None):
     """Every rank's ``obj``, as a list in rank order."""
-    g = group_or_world(process_set)
+    g = group_or_world(process_set, "hvd.allgather_object()")
     label = name or "allgather_object"
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     mine = torch.tensor([data.numel()], dtype=torch.int64)
@@ -128,11 +136,12 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     ``load_state_dict`` it.  Works whether or not the state exists yet."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    g = group_or_world(process_set)
+    g = group_or_world(process_set, "hvd.broadcast_optimizer_state()")
     found = []
     structure = _strip(optimizer.state_dict(), found)
     structure = broadcast_object(structure, root_rank, "broadcast_optimizer_state", process_set)
-    if g.rank == root_rank:
+    root = group_root(process_set, root_rank, "hvd.broadcast_optimizer_state()")
+    if g.rank == root:
         tensors = found
     else:
         specs = []
@@ -141,7 +150,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
         tensors = [torch.empty(s.shape, dtype=s.dtype, device=device if s.cuda else "cpu")
                    for s in specs]
     broadcast_tensors_(tensors, root_rank, process_set, "broadcast_optimizer_state")
-    if g.rank != root_rank:
+    if g.rank != root:
         optimizer.load_state_dict(_fill(structure, list(tensors)))
 
 
