@@ -137,6 +137,8 @@ class TUTTI_API PreemptionMonitor {
 
 // Shuts tutti down and exits the process with kPreemptedExitCode.  Call it
 // after the final checkpoint is committed (CheckpointManager::wait()).
+// SIGUSR1 and SIGUSR2 are ignored from here on: a repeated notice cannot
+// turn the exit into a death by signal.
 [[noreturn]] TUTTI_API void exit_preempted();
 
 }  // namespace tutti

@@ -2,10 +2,12 @@
 // stop decision.
 #include "tutti/preemption.h"
 
+#include <csignal>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -249,6 +251,12 @@ void PreemptionMonitor::notify(NoticeKind kind, const std::string& source,
 std::vector<std::string> PreemptionMonitor::sources() const { return impl_->names; }
 
 void exit_preempted() {
+  // The checkpoint is committed: a repeated notice (tutti-run re-sends
+  // SIGUSR1 to mpirun until the job ends) must not turn this exit into a
+  // death by signal once a monitor's destructor has restored the default
+  // handlers.
+  ::signal(SIGUSR1, SIG_IGN);
+  ::signal(SIGUSR2, SIG_IGN);
   try {
     shutdown();
   } catch (const std::exception& e) {
