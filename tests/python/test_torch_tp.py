@@ -123,3 +123,92 @@ def test_embedding_and_vocab_parallel_cross_entropy(rank, size, mesh):
     ce(head(emb(ids)), targets)
     with pytest.raises(tutti.InvalidArgumentError, match="latest forward"):
         first.backward()
+
+
+class DenseSPBlock(torch.nn.Module):
+    """Megatron's SP recipe on one rank: LayerNorm -> fc1 -> gelu -> fc2 -> LayerNorm."""
+
+    def __init__(self, h, ffn):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+        self.fc1, self.fc2 = torch.nn.Linear(h, ffn), torch.nn.Linear(ffn, h)
+        with torch.no_grad():  # non-trivial LayerNorm parameters
+            for ln in (self.ln1, self.ln2):
+                ln.weight.copy_(1 + 0.5 * torch.randn(h))
+                ln.bias.copy_(0.5 * torch.randn(h))
+
+    def forward(self, x):
+        return self.ln2(self.fc2(F.gelu(self.fc1(self.ln1(x)))))
+
+
+class SPBlock(torch.nn.Module):
+    """The same block with sequence parallelism: x is this rank's [s/p, b, h]."""
+
+    def __init__(self, dense, mesh):
+        super().__init__()
+        h, ffn = dense.fc1.in_features, dense.fc1.out_features
+        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+        self.ln1.load_state_dict(dense.ln1.state_dict())
+        self.ln2.load_state_dict(dense.ln2.state_dict())
+        self.fc1 = tp.ColumnParallelLinear(h, ffn, mesh, gather_output=False,
+                                           sequence_parallel=True, name="fc1")
+        self.fc2 = tp.RowParallelLinear(ffn, h, mesh, input_is_parallel=True,
+                                        sequence_parallel=True, name="fc2")
+        self.fc1.layer.load_from_full(dense.fc1.weight.detach(), dense.fc1.bias.detach())
+        self.fc2.layer.load_from_full(dense.fc2.weight.detach(), dense.fc2.bias.detach())
+        tp.mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
+
+    def forward(self, x):
+        return self.ln2(self.fc2(F.gelu(self.fc1(self.ln1(x)))))
+
+
+def sp_and_dense_backward(rank, size, mesh, reduce):
+    s, b, h, ffn = 6, 2, 6, 12  # every size divisible by tp_size 1, 2 and 3
+    torch.manual_seed(11)
+    dense = DenseSPBlock(h, ffn)
+    sp = SPBlock(dense, mesh)
+    x, target = torch.randn(s, b, h), torch.randn(s, b, h)
+    (dense(x) * target).sum().backward()
+    # Each rank's loss covers its sequence slice; their sum is the dense loss.
+    (sp(shard(x, size, rank, 0)) * shard(target, size, rank, 0)).sum().backward()
+    if reduce:
+        tp.allreduce_sequence_parallel_grads(sp, mesh)
+    return dense, sp
+
+
+# float32, the dense sum over s*b = 12 positions taken in another order
+# (per rank, then over the TP group): well within 1e-4 relative, 1e-5 absolute.
+SP_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def test_sequence_parallel_layernorm_grads_match_dense(rank, size, mesh):
+    dense, sp = sp_and_dense_backward(rank, size, mesh, reduce=True)
+    assert sp.ln1.weight.sequence_parallel and sp.ln1.weight.tp_replicated
+    for name in ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"):
+        got = sp.get_parameter(name).grad
+        want = dense.get_parameter(name).grad
+        assert torch.allclose(got, want, **SP_TOL), (name, (got - want).abs().max())
+    assert torch.allclose(sp.fc1.weight.grad, shard(dense.fc1.weight.grad, size, rank, 0), **SP_TOL)
+    assert torch.allclose(sp.fc2.weight.grad, shard(dense.fc2.weight.grad, size, rank, 1), **SP_TOL)
+    assert torch.allclose(sp.fc2.bias.grad, dense.fc2.bias.grad, **SP_TOL)
+    dense_norm = torch.nn.utils.clip_grad_norm_(dense.parameters(), 0.5)
+    total = tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
+    assert total.item() == pytest.approx(dense_norm.item(), rel=1e-5)
+    assert torch.allclose(sp.ln2.weight.grad, dense.ln2.weight.grad, **SP_TOL)
+
+
+def test_sequence_parallel_grads_are_partial_until_reduced(rank, size, mesh):
+    dense, sp = sp_and_dense_backward(rank, size, mesh, reduce=False)
+    partial = sp.ln1.weight.grad.clone()
+    if size > 1:
+        assert not torch.allclose(partial, dense.ln1.weight.grad, **SP_TOL)
+    # Clipping partial gradients would be silently wrong at tp_size > 1: it is
+    # refused (at every tp_size, so the missing call shows on one rank too).
+    with pytest.raises(tutti.InvalidArgumentError, match="allreduce_sequence_parallel_grads"):
+        tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
+    tp.allreduce_sequence_parallel_grads(sp, mesh)
+    assert torch.allclose(sp.ln1.weight.grad, dense.ln1.weight.grad, **SP_TOL)
+    # A second backward accumulates partial gradients again: refused again.
+    sp(torch.ones(6 // size, 2, 6)).sum().backward()
+    with pytest.raises(tutti.InvalidArgumentError, match="allreduce_sequence_parallel_grads"):
+        tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
