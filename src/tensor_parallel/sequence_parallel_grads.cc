@@ -19,22 +19,26 @@ namespace tutti {
 void allreduce_sequence_parallel_grads(const ProcessMesh& mesh,
                                        const std::vector<Tensor>& grads,
                                        void* stream) {
-  for (size_t i = 0; i < grads.size(); ++i) {
-    TUTTI_ARG_CHECK(grads[i].data() != nullptr || grads[i].numel() == 0,
-                    "allreduce_sequence_parallel_grads: grads[", i,
-                    "] has no memory");
-    TUTTI_ARG_CHECK(grads[i].device() == grads.front().device(),
-                    "allreduce_sequence_parallel_grads: grads[", i, "] is on ",
-                    grads[i].device().str(), ", grads[0] on ",
-                    grads.front().device().str());
-  }
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (grads[i].numel() == 0) continue;
-    tp::allreduce(*mesh.impl(), grads[i], ReduceOp::kSum,
-                  "allreduce_sequence_parallel_grads: grads[" +
-                      std::to_string(i) + "] " + grads[i].str(),
-                  stream);
-  }
+  return tp::fail_fast(
+      *mesh.impl(), grads.empty() ? Device::cpu() : grads.front().device(),
+      std::string("allreduce_sequence_parallel_grads"), [&] {
+        for (size_t i = 0; i < grads.size(); ++i) {
+          TUTTI_ARG_CHECK(grads[i].data() != nullptr || grads[i].numel() == 0,
+                          "allreduce_sequence_parallel_grads: grads[", i,
+                          "] has no memory");
+          TUTTI_ARG_CHECK(grads[i].device() == grads.front().device(),
+                          "allreduce_sequence_parallel_grads: grads[", i,
+                          "] is on ", grads[i].device().str(), ", grads[0] on ",
+                          grads.front().device().str());
+        }
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (grads[i].numel() == 0) continue;
+          tp::allreduce(*mesh.impl(), grads[i], ReduceOp::kSum,
+                        "allreduce_sequence_parallel_grads: grads[" +
+                            std::to_string(i) + "] " + grads[i].str(),
+                        stream);
+        }
+      });
 }
 
 }  // namespace tutti
