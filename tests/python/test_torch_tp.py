@@ -212,3 +212,25 @@ def test_sequence_parallel_grads_are_partial_until_reduced(rank, size, mesh):
     sp(torch.ones(6 // size, 2, 6)).sum().backward()
     with pytest.raises(tutti.InvalidArgumentError, match="allreduce_sequence_parallel_grads"):
         tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
+
+
+def test_error_on_one_rank_fails_every_rank_at_once(rank, size, mesh):
+    """A shape error on TP rank 1 only: it raises its own error, the peers
+    (waiting in the all-gather) raise MismatchError naming the op and rank 1
+    at once, not after TUTTI_TIMEOUT; the mesh stays usable."""
+    if size < 2:
+        pytest.skip("needs two TP ranks")
+    import time
+    row = tp.RowParallelLinear(4 * size, 3, mesh, input_is_parallel=True,
+                               sequence_parallel=True, name="fc2")
+    # Rank 1's sequence (2 * size + 1) is not divisible by tp_size.
+    x = torch.ones(2 * size + (rank == 1), 2, 4)
+    start = time.monotonic()
+    if rank == 1:
+        with pytest.raises(tutti.InvalidArgumentError, match="fc2.*not divisible by tp_size"):
+            row(x)
+    else:
+        with pytest.raises(tutti.MismatchError, match="'fc2' forward.*rank 1 rejected"):
+            row(x)
+    assert time.monotonic() - start < 20
+    assert row(torch.ones(2 * size, 2, 4)).shape == (2, 2, 3)

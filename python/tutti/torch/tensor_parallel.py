@@ -30,26 +30,27 @@ _tp = _C.tensor_parallel
 def _shape_rule(region):
     """Output shape of a region's forward from its input shape and tp_size."""
     def last(scale):
-        return lambda s, p: s[:-1] + (int(s[-1] * scale(p)),)
+        return lambda s, p: s[:-1] + (scale(s[-1], p),)
 
     def first(scale):
-        return lambda s, p: (int(s[0] * scale(p)),) + s[1:]
+        return lambda s, p: (scale(s[0], p),) + s[1:]
 
     rules = {
         "copy_to_tp": lambda s, p: s,
         "reduce_from_tp": lambda s, p: s,
-        "gather_from_tp": last(lambda p: p),
-        "scatter_to_tp": last(lambda p: 1 / p),
-        "gather_from_sequence_parallel": first(lambda p: p),
-        "reduce_scatter_to_sequence_parallel": first(lambda p: 1 / p),
-        "scatter_to_sequence_parallel": first(lambda p: 1 / p),
+        "gather_from_tp": last(lambda n, p: n * p),
+        "scatter_to_tp": last(_split),
+        "gather_from_sequence_parallel": first(lambda n, p: n * p),
+        "reduce_scatter_to_sequence_parallel": first(_split),
+        "scatter_to_sequence_parallel": first(_split),
     }
     return rules[region]
 
 
-def _split(n, p, what):
-    if n % p:
-        raise error(_C.InvalidArgumentError, f"{what}: {n} is not divisible by tp_size {p}")
+def _split(n, p):
+    """n / p for an output shape.  Sizes p does not divide are left to the C++
+    call to refuse: its errors fail fast across the TP group (a Python raise
+    here, on one rank only, would leave the peers waiting in the collective)."""
     return n // p
 
 
@@ -63,10 +64,6 @@ def _make_region(region):
         def forward(ctx, x, mesh, name):
             x = export(x).contiguous()
             shape = tuple(x.shape)
-            if region in ("scatter_to_tp",):
-                _split(shape[-1], mesh.tp_size, f"{region} '{name}' last dimension")
-            elif "scatter" in region:
-                _split(shape[0], mesh.tp_size, f"{region} '{name}' first dimension")
             ctx.mesh, ctx.name, ctx.shape = mesh, name, shape
             out = x.new_empty(rule(shape, mesh.tp_size))
             forward_op(mesh, x, out, name=name, stream=stream_of(x))
@@ -204,7 +201,7 @@ class RowParallelLinear(_TPModule):
         s = tuple(x.shape)
         out = s[:-1] + (self.layer.out_features,)
         if self.layer.sequence_parallel:
-            out = (_split(s[0], self.mesh.tp_size, "RowParallelLinear sequence"),) + out[1:]
+            out = (_split(s[0], self.mesh.tp_size),) + out[1:]
         return _LayerFn.apply(x, self.layer, out, *self._params())
 
 
@@ -224,7 +221,7 @@ class VocabParallelEmbedding(_TPModule):
         """ids [...] (int32/int64, the same on every TP rank) -> [..., dim]."""
         s = tuple(ids.shape)
         if self.sequence_parallel:
-            s = (_split(s[0], self.mesh.tp_size, "VocabParallelEmbedding sequence"),) + s[1:]
+            s = (_split(s[0], self.mesh.tp_size),) + s[1:]
         return _LayerFn.apply(ids, self.layer, s + (self.embedding_dim,), self.weight)
 
 
