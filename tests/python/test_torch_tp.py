@@ -162,8 +162,20 @@ class SPBlock(torch.nn.Module):
         return self.ln2(self.fc2(F.gelu(self.fc1(self.ln1(x)))))
 
 
-def sp_and_dense_backward(rank, size, mesh, reduce):
-    s, b, h, ffn = 6, 2, 6, 12  # every size divisible by tp_size 1, 2 and 3
+@pytest.fixture(scope="module", params=["tp_world", "tp2_dp"])
+def sp_mesh(request, world, mesh):
+    """TP over the whole world, and TP 2 x DP size/2 where the world has
+    another even split (np 4: TP 2 x DP 2)."""
+    if request.param == "tp_world":
+        return mesh
+    if world.size % 2 or world.size <= 2:
+        pytest.skip("TP 2 x DP > 1 needs an even world of 4 or more")
+    return tutti.ProcessMesh(world, 2)
+
+
+def sp_and_dense_backward(mesh, reduce):
+    rank, size = mesh.tp_rank, mesh.tp_size
+    s, b, h, ffn = 12, 2, 12, 24  # every size divisible by tp_size 1, 2, 3 and 4
     torch.manual_seed(11)
     dense = DenseSPBlock(h, ffn)
     sp = SPBlock(dense, mesh)
@@ -176,13 +188,15 @@ def sp_and_dense_backward(rank, size, mesh, reduce):
     return dense, sp
 
 
-# float32, the dense sum over s*b = 12 positions taken in another order
+# float32, the dense sum over s*b = 24 positions taken in another order
 # (per rank, then over the TP group): well within 1e-4 relative, 1e-5 absolute.
 SP_TOL = dict(rtol=1e-4, atol=1e-5)
 
 
-def test_sequence_parallel_layernorm_grads_match_dense(rank, size, mesh):
-    dense, sp = sp_and_dense_backward(rank, size, mesh, reduce=True)
+def test_sequence_parallel_layernorm_grads_match_dense(sp_mesh):
+    mesh = sp_mesh
+    rank, size = mesh.tp_rank, mesh.tp_size
+    dense, sp = sp_and_dense_backward(mesh, reduce=True)
     assert sp.ln1.weight.sequence_parallel and sp.ln1.weight.tp_replicated
     for name in ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"):
         got = sp.get_parameter(name).grad
@@ -197,8 +211,10 @@ def test_sequence_parallel_layernorm_grads_match_dense(rank, size, mesh):
     assert torch.allclose(sp.ln2.weight.grad, dense.ln2.weight.grad, **SP_TOL)
 
 
-def test_sequence_parallel_grads_are_partial_until_reduced(rank, size, mesh):
-    dense, sp = sp_and_dense_backward(rank, size, mesh, reduce=False)
+def test_sequence_parallel_grads_are_partial_until_reduced(sp_mesh):
+    mesh = sp_mesh
+    size = mesh.tp_size
+    dense, sp = sp_and_dense_backward(mesh, reduce=False)
     partial = sp.ln1.weight.grad.clone()
     if size > 1:
         assert not torch.allclose(partial, dense.ln1.weight.grad, **SP_TOL)
@@ -209,7 +225,7 @@ def test_sequence_parallel_grads_are_partial_until_reduced(rank, size, mesh):
     tp.allreduce_sequence_parallel_grads(sp, mesh)
     assert torch.allclose(sp.ln1.weight.grad, dense.ln1.weight.grad, **SP_TOL)
     # A second backward accumulates partial gradients again: refused again.
-    sp(torch.ones(6 // size, 2, 6)).sum().backward()
+    sp(torch.ones(12 // size, 2, 12)).sum().backward()
     with pytest.raises(tutti.InvalidArgumentError, match="allreduce_sequence_parallel_grads"):
         tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
 
