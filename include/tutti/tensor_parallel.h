@@ -148,9 +148,9 @@ TUTTI_API double tp_grad_norm_squared(const ProcessMesh& mesh,
 // and the optimizer; it is independent of data-parallel averaging (order
 // does not matter).  Collective over the TP group: every TP rank passes the
 // same shapes and dtypes in the same order.  Nothing to do at tp_size 1.
-TUTTI_API void allreduce_sequence_parallel_grads(const ProcessMesh& mesh,
-                                                 const std::vector<Tensor>& grads,
-                                                 void* stream = nullptr);
+TUTTI_API void allreduce_sequence_parallel_grads(
+    const ProcessMesh& mesh, const std::vector<Tensor>& grads,
+    void* stream = nullptr);
 
 // ---- linear layers
 // -------------------------------------------------------------

@@ -35,9 +35,9 @@ void expect_fail_fast(const ProcessMesh& mesh, const std::function<void()>& f,
   if (mesh.tp_rank() == kBadTpRank)
     expect_error(f, ErrorCode::kInvalidArgument, bad_parts);
   else
-    expect_error(f, ErrorCode::kMismatch,
-                 {op, "rank " + std::to_string(kBadTpRank) +
-                          " rejected the arguments"});
+    expect_error(
+        f, ErrorCode::kMismatch,
+        {op, "rank " + std::to_string(kBadTpRank) + " rejected the arguments"});
   EXPECT_LT(seconds_since(t0), 20.0) << "peers waited instead of failing fast";
 }
 
@@ -58,7 +58,9 @@ TEST(TPFailFast, ShapeErrorOnOneRankFailsEveryRankOfALayer) {
     const int64_t rows = seq_local * p - (mesh->tp_rank() == kBadTpRank);
     expect_fail_fast(
         *mesh,
-        [&] { layer.forward(view(x, {seq_local, h}), view(y, {rows, h / p})); },
+        [&] {
+          layer.forward(view(x, {seq_local, h}), view(y, {rows, h / p}));
+        },
         "ColumnParallelLinear 'fc1' forward: sequence-parallel input",
         {"ColumnParallelLinear 'fc1' forward", "output"});
     // The TP group is still usable: a correct call on every rank works.
@@ -76,14 +78,14 @@ TEST(TPFailFast, ShapeErrorOnOneRankFailsEveryRankOfARegion) {
     const int64_t cols = mesh->tp_rank() == kBadTpRank ? 2 : 4;
     RegionOptions o;
     o.name = "act";
-    expect_fail_fast(
-        *mesh,
-        [&] {
-          gather_from_sequence_parallel_forward(
-              *mesh, view(part, {3, cols}), view(whole, {3 * p, 4}), o);
-        },
-        "gather_from_sequence_parallel forward 'act'",
-        {"gather_from_sequence_parallel forward 'act'"});
+    expect_fail_fast(*mesh,
+                     [&] {
+                       gather_from_sequence_parallel_forward(
+                           *mesh, view(part, {3, cols}),
+                           view(whole, {3 * p, 4}), o);
+                     },
+                     "gather_from_sequence_parallel forward 'act'",
+                     {"gather_from_sequence_parallel forward 'act'"});
   }
 }
 
@@ -96,9 +98,12 @@ TEST(TPFailFast, TheSameErrorOnEveryRankLeavesEachItsOwnError) {
     o.input_is_parallel = true;
     RowParallelLinear layer(mesh, 4 * p, 4, o);
     std::vector<float> x(3 * 4, 1.0f), y(3 * 4, 0.0f);
-    expect_error([&] { layer.forward(view(x, {3, 4}), view(y, {2, 4})); },
-                 ErrorCode::kInvalidArgument,
-                 {"RowParallelLinear 'fc2' forward", "output"});
+    expect_error(
+        [&] {
+          layer.forward(view(x, {3, 4}), view(y, {2, 4}));
+        },
+        ErrorCode::kInvalidArgument,
+        {"RowParallelLinear 'fc2' forward", "output"});
     layer.forward(view(x, {3, 4}), view(y, {3, 4}));  // still usable
   }
 }

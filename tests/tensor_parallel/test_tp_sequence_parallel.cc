@@ -197,7 +197,8 @@ TEST(SequenceParallel, AllreduceSequenceParallelGradsGivesTheDenseGradient) {
       param.shard.global_shape = {h};
       double want = 0;
       for (double v : gamma_ref.value) want += v * v;
-      EXPECT_NEAR(tp_grad_norm_squared(*mesh, {param}), want, 1e-5 * want + 1e-30);
+      EXPECT_NEAR(tp_grad_norm_squared(*mesh, {param}), want,
+                  1e-5 * want + 1e-30);
     }
   // Nothing to sum; every rank agrees on that.
   allreduce_sequence_parallel_grads(*tptest::all_meshes().front(), {});
