@@ -136,6 +136,22 @@ TUTTI_API double tp_grad_norm_squared(const ProcessMesh& mesh,
                                       const std::vector<TPParameter>& params,
                                       void* stream = nullptr);
 
+// Sequence parallelism leaves the parameters that act on sequence-split
+// activations but are not TP-sharded (LayerNorm weight and bias, and any
+// other parameter outside the TP region) with partial gradients: each TP
+// rank's covers only its own slice of the sequence.  Megatron marks them
+// `sequence_parallel` and sums their gradients over the TP group after
+// backward; this is that step: every gradient in `grads` is summed in place
+// over mesh's TP group.  Afterwards they are identical on the TP ranks, i.e.
+// replicated (pass them to tp_grad_norm_squared as tp_replicated()
+// parameters: counted once).  Call it once per backward, before clipping
+// and the optimizer; it is independent of data-parallel averaging (order
+// does not matter).  Collective over the TP group: every TP rank passes the
+// same shapes and dtypes in the same order.  Nothing to do at tp_size 1.
+TUTTI_API void allreduce_sequence_parallel_grads(
+    const ProcessMesh& mesh, const std::vector<Tensor>& grads,
+    void* stream = nullptr);
+
 // ---- linear layers
 // -------------------------------------------------------------
 

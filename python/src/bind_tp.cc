@@ -227,6 +227,18 @@ void bind_tp(pyb::module_& m) {
          "Squared L2 norm of the layers' gradients over the TP group "
          "(replicated ones counted once): the dense model's value.  Collective.");
 
+  tp.def("allreduce_sequence_parallel_grads",
+         [](std::shared_ptr<ProcessMesh> mesh, pyb::handle grads, int64_t stream) {
+           TUTTI_ARG_CHECK(mesh != nullptr, "allreduce_sequence_parallel_grads: mesh is None");
+           auto g = import_tensors(grads, "grads", stream);
+           pyb::gil_scoped_release nogil;
+           allreduce_sequence_parallel_grads(*mesh, views(g), as_stream(stream));
+         },
+         pyb::arg("mesh"), pyb::arg("grads"), pyb::arg("stream") = 0,
+         "Sum each gradient in place over the TP group: the gradients of "
+         "parameters in the sequence-parallel region that are not TP-sharded "
+         "(LayerNorm weight/bias), partial per rank until then.  Collective.");
+
   pyb::class_<TensorParallelLinear, Stateful, std::shared_ptr<TensorParallelLinear>> base(
       tp, "TensorParallelLinear", "Y = X W^T + b with W [out, in] split over TP.");
   def_params<decltype(base), TensorParallelLinear>(base);

@@ -108,6 +108,9 @@ def grad_norm_squared(mesh: ProcessMesh,
                       layers: Sequence[Union[TensorParallelLinear, VocabParallelEmbedding]],
                       stream: int = 0) -> float: ...
 
+def allreduce_sequence_parallel_grads(mesh: ProcessMesh, grads: Sequence[Any],
+                                      stream: int = 0) -> None: ...
+
 __all__ = [
     "ProcessMesh",
     "REGIONS",
@@ -116,6 +119,7 @@ __all__ = [
     "TensorParallelLinear",
     "VocabParallelCrossEntropy",
     "VocabParallelEmbedding",
+    "allreduce_sequence_parallel_grads",
     "copy_to_tp_backward",
     "copy_to_tp_forward",
     "gather_from_sequence_parallel_backward",

@@ -87,53 +87,63 @@ Tensor full_input(LinearCore& c, const Pass& s) {
 }  // namespace
 
 void ColumnParallelLinear::forward(const Tensor& input, const Tensor& output) {
-  LinearCore& c = *core_;
-  const Pass s = make_pass(c, options_, input, "forward");
-  Tensor y = tp::view_2d(output, s.gather ? c.out : s.out_local, s.rows,
-                         c.dtype, c.device, s.what, "output");
-  Tensor x = full_input(c, s);
-  Tensor y_local = s.gather ? c.ws.get(kLocalOutput, c.dtype,
-                                       Shape{s.rows, s.out_local}, c.device)
-                            : y;
-  blas::gemm(x, false, c.weight.value(), true, y_local, 1.0f, 0.0f, c.stream);
-  if (c.bias) tp::bias_add(y_local, c.bias->value(), c.stream);
-  if (s.gather)
-    tp::allgather_cols(c.m, c.ws, kGatherBlocks, y_local, y,
-                       s.what + ": output", c.stream);
+  return tp::fail_fast(core_->m, core_->device, core_->label + " forward", [&] {
+    LinearCore& c = *core_;
+    const Pass s = make_pass(c, options_, input, "forward");
+    Tensor y = tp::view_2d(output, s.gather ? c.out : s.out_local, s.rows,
+                           c.dtype, c.device, s.what, "output");
+    Tensor x = full_input(c, s);
+    Tensor y_local = s.gather ? c.ws.get(kLocalOutput, c.dtype,
+                                         Shape{s.rows, s.out_local}, c.device)
+                              : y;
+    blas::gemm(x, false, c.weight.value(), true, y_local, 1.0f, 0.0f, c.stream);
+    if (c.bias) tp::bias_add(y_local, c.bias->value(), c.stream);
+    if (s.gather)
+      tp::allgather_cols(c.m, c.ws, kGatherBlocks, y_local, y,
+                         s.what + ": output", c.stream);
+  });
 }
 
 void ColumnParallelLinear::backward(const Tensor& input,
                                     const Tensor& grad_output,
                                     const Tensor& grad_input) {
-  LinearCore& c = *core_;
-  const Pass s = make_pass(c, options_, input, "backward");
-  Tensor dy = tp::view_2d(grad_output, s.gather ? c.out : s.out_local, s.rows,
-                          c.dtype, c.device, s.what, "grad_output");
-  const bool want_dx = !tp::is_absent(grad_input);
-  Tensor dx = want_dx ? tp::view_2d(grad_input, c.in, s.x_in.shape()[0],
-                                    c.dtype, c.device, s.what, "grad_input")
-                      : Tensor();
-  Tensor x = full_input(c, s);
-  Tensor dy_local = dy;
-  if (s.gather) {
-    dy_local = c.ws.get(kLocalGradOutput, c.dtype, Shape{s.rows, s.out_local},
-                        c.device);
-    tp::slice_cols(dy, dy_local, c.m.tp_rank, c.stream);
-  }
-  blas::gemm(dy_local, true, x, false, c.weight.grad(), 1.0f, 1.0f, c.stream);
-  if (c.bias) tp::bias_grad(dy_local, c.bias->grad(), c.stream);
-  if (!want_dx) return;
-  if (s.sp) {
-    Tensor full =
-        c.ws.get(kFullGradInput, c.dtype, Shape{s.rows, c.in}, c.device);
-    blas::gemm(dy_local, false, c.weight.value(), false, full, 1.0f, 0.0f,
-               c.stream);
-    tp::reduce_scatter_rows(c.m, full, dx, s.what + ": input grad", c.stream);
-    return;
-  }
-  blas::gemm(dy_local, false, c.weight.value(), false, dx, 1.0f, 0.0f,
-             c.stream);
-  tp::allreduce(c.m, dx, ReduceOp::kSum, s.what + ": input grad", c.stream);
+  return tp::fail_fast(
+      core_->m, core_->device, core_->label + " backward", [&] {
+        LinearCore& c = *core_;
+        const Pass s = make_pass(c, options_, input, "backward");
+        Tensor dy =
+            tp::view_2d(grad_output, s.gather ? c.out : s.out_local, s.rows,
+                        c.dtype, c.device, s.what, "grad_output");
+        const bool want_dx = !tp::is_absent(grad_input);
+        Tensor dx = want_dx
+                        ? tp::view_2d(grad_input, c.in, s.x_in.shape()[0],
+                                      c.dtype, c.device, s.what, "grad_input")
+                        : Tensor();
+        Tensor x = full_input(c, s);
+        Tensor dy_local = dy;
+        if (s.gather) {
+          dy_local = c.ws.get(kLocalGradOutput, c.dtype,
+                              Shape{s.rows, s.out_local}, c.device);
+          tp::slice_cols(dy, dy_local, c.m.tp_rank, c.stream);
+        }
+        blas::gemm(dy_local, true, x, false, c.weight.grad(), 1.0f, 1.0f,
+                   c.stream);
+        if (c.bias) tp::bias_grad(dy_local, c.bias->grad(), c.stream);
+        if (!want_dx) return;
+        if (s.sp) {
+          Tensor full =
+              c.ws.get(kFullGradInput, c.dtype, Shape{s.rows, c.in}, c.device);
+          blas::gemm(dy_local, false, c.weight.value(), false, full, 1.0f, 0.0f,
+                     c.stream);
+          tp::reduce_scatter_rows(c.m, full, dx, s.what + ": input grad",
+                                  c.stream);
+          return;
+        }
+        blas::gemm(dy_local, false, c.weight.value(), false, dx, 1.0f, 0.0f,
+                   c.stream);
+        tp::allreduce(c.m, dx, ReduceOp::kSum, s.what + ": input grad",
+                      c.stream);
+      });
 }
 
 }  // namespace tutti

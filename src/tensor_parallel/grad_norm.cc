@@ -20,29 +20,35 @@ namespace tutti {
 double tp_grad_norm_squared(const ProcessMesh& mesh,
                             const std::vector<TPParameter>& params,
                             void* stream) {
-  std::vector<Tensor> grads;
-  grads.reserve(params.size());
-  for (const TPParameter& p : params) {
-    TUTTI_ARG_CHECK(p.grad.numel() == p.value.numel(),
-                    "tp_grad_norm_squared: '", p.name, "' has gradient ",
-                    p.grad.str(), " for value ", p.value.str());
-    TUTTI_ARG_CHECK(grads.empty() || p.grad.device() == grads.front().device(),
-                    "tp_grad_norm_squared: '", p.name, "' is on ",
-                    p.grad.device().str(), ", the first parameter on ",
-                    grads.front().device().str());
-    grads.push_back(p.grad);
-  }
-  // Per-parameter sums computed on the device without atomics and read back
-  // together (one sync), then added here in parameter order: the result has
-  // the same bits on every run.
-  std::vector<double> sums(grads.size());
-  tp::sum_squares(grads, sums.data(), stream);
-  double sharded = 0, replicated = 0;
-  for (size_t i = 0; i < params.size(); ++i)
-    (params[i].tp_replicated() ? replicated : sharded) += sums[i];
-  tp::allreduce(*mesh.impl(), Tensor::of(&sharded, 1), ReduceOp::kSum,
-                "tp_grad_norm_squared: sharded gradients", nullptr);
-  return sharded + replicated;
+  return tp::fail_fast(
+      *mesh.impl(),
+      params.empty() ? Device::cpu() : params.front().grad.device(),
+      std::string("tp_grad_norm_squared"), [&] {
+        std::vector<Tensor> grads;
+        grads.reserve(params.size());
+        for (const TPParameter& p : params) {
+          TUTTI_ARG_CHECK(p.grad.numel() == p.value.numel(),
+                          "tp_grad_norm_squared: '", p.name, "' has gradient ",
+                          p.grad.str(), " for value ", p.value.str());
+          TUTTI_ARG_CHECK(
+              grads.empty() || p.grad.device() == grads.front().device(),
+              "tp_grad_norm_squared: '", p.name, "' is on ",
+              p.grad.device().str(), ", the first parameter on ",
+              grads.front().device().str());
+          grads.push_back(p.grad);
+        }
+        // Per-parameter sums computed on the device without atomics and read
+        // back together (one sync), then added here in parameter order: the
+        // result has the same bits on every run.
+        std::vector<double> sums(grads.size());
+        tp::sum_squares(grads, sums.data(), stream);
+        double sharded = 0, replicated = 0;
+        for (size_t i = 0; i < params.size(); ++i)
+          (params[i].tp_replicated() ? replicated : sharded) += sums[i];
+        tp::allreduce(*mesh.impl(), Tensor::of(&sharded, 1), ReduceOp::kSum,
+                      "tp_grad_norm_squared: sharded gradients", nullptr);
+        return sharded + replicated;
+      });
 }
 
 }  // namespace tutti

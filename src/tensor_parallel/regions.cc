@@ -70,118 +70,176 @@ std::string label(const char* op, const RegionOptions& o) {
 
 void copy_to_tp_forward(const ProcessMesh& mesh, const Tensor& input,
                         const Tensor& output, const RegionOptions& o) {
-  check_same(input, output, label("copy_to_tp forward", o));
-  tp::copy_tensor(output, input, o.stream);
+  tp::fail_fast(*mesh.impl(), input.device(), label("copy_to_tp forward", o),
+                [&] {
+                  check_same(input, output, label("copy_to_tp forward", o));
+                  tp::copy_tensor(output, input, o.stream);
+                });
 }
 
 void copy_to_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
                          const Tensor& grad_input, const RegionOptions& o) {
-  const std::string owner = label("copy_to_tp backward", o);
-  check_same(grad_output, grad_input, owner);
-  tp::copy_tensor(grad_input, grad_output, o.stream);
-  tp::allreduce(*mesh.impl(), grad_input, ReduceOp::kSum, owner, o.stream);
+  tp::fail_fast(*mesh.impl(), grad_output.device(),
+                label("copy_to_tp backward", o), [&] {
+                  const std::string owner = label("copy_to_tp backward", o);
+                  check_same(grad_output, grad_input, owner);
+                  tp::copy_tensor(grad_input, grad_output, o.stream);
+                  tp::allreduce(*mesh.impl(), grad_input, ReduceOp::kSum, owner,
+                                o.stream);
+                });
 }
 
 void reduce_from_tp_forward(const ProcessMesh& mesh, const Tensor& input,
                             const Tensor& output, const RegionOptions& o) {
-  const std::string owner = label("reduce_from_tp forward", o);
-  check_same(input, output, owner);
-  tp::copy_tensor(output, input, o.stream);
-  tp::allreduce(*mesh.impl(), output, ReduceOp::kSum, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), input.device(), label("reduce_from_tp forward", o), [&] {
+        const std::string owner = label("reduce_from_tp forward", o);
+        check_same(input, output, owner);
+        tp::copy_tensor(output, input, o.stream);
+        tp::allreduce(*mesh.impl(), output, ReduceOp::kSum, owner, o.stream);
+      });
 }
 
 void reduce_from_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
                              const Tensor& grad_input, const RegionOptions& o) {
-  check_same(grad_output, grad_input, label("reduce_from_tp backward", o));
-  tp::copy_tensor(grad_input, grad_output, o.stream);
+  tp::fail_fast(*mesh.impl(), grad_output.device(),
+                label("reduce_from_tp backward", o), [&] {
+                  check_same(grad_output, grad_input,
+                             label("reduce_from_tp backward", o));
+                  tp::copy_tensor(grad_input, grad_output, o.stream);
+                });
 }
 
 void gather_from_tp_forward(const ProcessMesh& mesh, const Tensor& input,
                             const Tensor& output, const RegionOptions& o) {
-  const std::string owner = label("gather_from_tp forward", o);
-  Pair v = check_pair(mesh, input, output, Split::kLast, owner);
-  MeshImpl& m = *mesh.impl();
-  std::lock_guard<std::mutex> lock(m.region_mu);
-  tp::allgather_cols(m, m.region_ws, 0, v.part, v.whole, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), input.device(), label("gather_from_tp forward", o), [&] {
+        const std::string owner = label("gather_from_tp forward", o);
+        Pair v = check_pair(mesh, input, output, Split::kLast, owner);
+        MeshImpl& m = *mesh.impl();
+        std::lock_guard<std::mutex> lock(m.region_mu);
+        tp::allgather_cols(m, m.region_ws, 0, v.part, v.whole, owner, o.stream);
+      });
 }
 
 void gather_from_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
                              const Tensor& grad_input, const RegionOptions& o) {
-  Pair v = check_pair(mesh, grad_input, grad_output, Split::kLast,
-                      label("gather_from_tp backward", o));
-  tp::slice_cols(v.whole, v.part, mesh.tp_rank(), o.stream);
+  tp::fail_fast(*mesh.impl(), grad_output.device(),
+                label("gather_from_tp backward", o), [&] {
+                  Pair v =
+                      check_pair(mesh, grad_input, grad_output, Split::kLast,
+                                 label("gather_from_tp backward", o));
+                  tp::slice_cols(v.whole, v.part, mesh.tp_rank(), o.stream);
+                });
 }
 
 void scatter_to_tp_forward(const ProcessMesh& mesh, const Tensor& input,
                            const Tensor& output, const RegionOptions& o) {
-  Pair v = check_pair(mesh, output, input, Split::kLast,
-                      label("scatter_to_tp forward", o));
-  tp::slice_cols(v.whole, v.part, mesh.tp_rank(), o.stream);
+  tp::fail_fast(*mesh.impl(), input.device(), label("scatter_to_tp forward", o),
+                [&] {
+                  Pair v = check_pair(mesh, output, input, Split::kLast,
+                                      label("scatter_to_tp forward", o));
+                  tp::slice_cols(v.whole, v.part, mesh.tp_rank(), o.stream);
+                });
 }
 
 void scatter_to_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
                             const Tensor& grad_input, const RegionOptions& o) {
-  const std::string owner = label("scatter_to_tp backward", o);
-  Pair v = check_pair(mesh, grad_output, grad_input, Split::kLast, owner);
-  MeshImpl& m = *mesh.impl();
-  std::lock_guard<std::mutex> lock(m.region_mu);
-  tp::allgather_cols(m, m.region_ws, 0, v.part, v.whole, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), grad_output.device(), label("scatter_to_tp backward", o),
+      [&] {
+        const std::string owner = label("scatter_to_tp backward", o);
+        Pair v = check_pair(mesh, grad_output, grad_input, Split::kLast, owner);
+        MeshImpl& m = *mesh.impl();
+        std::lock_guard<std::mutex> lock(m.region_mu);
+        tp::allgather_cols(m, m.region_ws, 0, v.part, v.whole, owner, o.stream);
+      });
 }
 
 void gather_from_sequence_parallel_forward(const ProcessMesh& mesh,
                                            const Tensor& input,
                                            const Tensor& output,
                                            const RegionOptions& o) {
-  const std::string owner = label("gather_from_sequence_parallel forward", o);
-  Pair v = check_pair(mesh, input, output, Split::kFirst, owner);
-  tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), input.device(),
+      label("gather_from_sequence_parallel forward", o), [&] {
+        const std::string owner =
+            label("gather_from_sequence_parallel forward", o);
+        Pair v = check_pair(mesh, input, output, Split::kFirst, owner);
+        tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+      });
 }
 
 void gather_from_sequence_parallel_backward(const ProcessMesh& mesh,
                                             const Tensor& grad_output,
                                             const Tensor& grad_input,
                                             const RegionOptions& o) {
-  const std::string owner = label("gather_from_sequence_parallel backward", o);
-  Pair v = check_pair(mesh, grad_input, grad_output, Split::kFirst, owner);
-  tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), grad_output.device(),
+      label("gather_from_sequence_parallel backward", o), [&] {
+        const std::string owner =
+            label("gather_from_sequence_parallel backward", o);
+        Pair v =
+            check_pair(mesh, grad_input, grad_output, Split::kFirst, owner);
+        tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
+      });
 }
 
 void reduce_scatter_to_sequence_parallel_forward(const ProcessMesh& mesh,
                                                  const Tensor& input,
                                                  const Tensor& output,
                                                  const RegionOptions& o) {
-  const std::string owner =
-      label("reduce_scatter_to_sequence_parallel forward", o);
-  Pair v = check_pair(mesh, output, input, Split::kFirst, owner);
-  tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), input.device(),
+      label("reduce_scatter_to_sequence_parallel forward", o), [&] {
+        const std::string owner =
+            label("reduce_scatter_to_sequence_parallel forward", o);
+        Pair v = check_pair(mesh, output, input, Split::kFirst, owner);
+        tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
+      });
 }
 
 void reduce_scatter_to_sequence_parallel_backward(const ProcessMesh& mesh,
                                                   const Tensor& grad_output,
                                                   const Tensor& grad_input,
                                                   const RegionOptions& o) {
-  const std::string owner =
-      label("reduce_scatter_to_sequence_parallel backward", o);
-  Pair v = check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
-  tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), grad_output.device(),
+      label("reduce_scatter_to_sequence_parallel backward", o), [&] {
+        const std::string owner =
+            label("reduce_scatter_to_sequence_parallel backward", o);
+        Pair v =
+            check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
+        tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+      });
 }
 
 void scatter_to_sequence_parallel_forward(const ProcessMesh& mesh,
                                           const Tensor& input,
                                           const Tensor& output,
                                           const RegionOptions& o) {
-  Pair v = check_pair(mesh, output, input, Split::kFirst,
+  tp::fail_fast(*mesh.impl(), input.device(),
+                label("scatter_to_sequence_parallel forward", o), [&] {
+                  Pair v = check_pair(
+                      mesh, output, input, Split::kFirst,
                       label("scatter_to_sequence_parallel forward", o));
-  tp::slice_rows(v.whole, v.part, mesh.tp_rank(), o.stream);
+                  tp::slice_rows(v.whole, v.part, mesh.tp_rank(), o.stream);
+                });
 }
 
 void scatter_to_sequence_parallel_backward(const ProcessMesh& mesh,
                                            const Tensor& grad_output,
                                            const Tensor& grad_input,
                                            const RegionOptions& o) {
-  const std::string owner = label("scatter_to_sequence_parallel backward", o);
-  Pair v = check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
-  tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+  tp::fail_fast(
+      *mesh.impl(), grad_output.device(),
+      label("scatter_to_sequence_parallel backward", o), [&] {
+        const std::string owner =
+            label("scatter_to_sequence_parallel backward", o);
+        Pair v =
+            check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
+        tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+      });
 }
 
 }  // namespace tutti

@@ -93,56 +93,65 @@ Tensor local_input(LinearCore& c, const Tensor& x_in, bool input_is_parallel) {
 }  // namespace
 
 void RowParallelLinear::forward(const Tensor& input, const Tensor& output) {
-  LinearCore& c = *core_;
-  const Pass s = make_pass(c, options_, input, "forward");
-  const int p = c.m.tp_size;
-  Tensor y = tp::view_2d(output, c.out, s.sp ? s.rows / p : s.rows, c.dtype,
-                         c.device, s.what, "output");
-  Tensor x = local_input(c, s.x_in, options_.input_is_parallel);
-  if (s.sp) {
-    Tensor partial =
-        c.ws.get(kPartialOutput, c.dtype, Shape{s.rows, c.out}, c.device);
-    blas::gemm(x, false, c.weight.value(), true, partial, 1.0f, 0.0f, c.stream);
-    tp::reduce_scatter_rows(c.m, partial, y, s.what + ": output", c.stream);
-  } else {
-    blas::gemm(x, false, c.weight.value(), true, y, 1.0f, 0.0f, c.stream);
-    tp::allreduce(c.m, y, ReduceOp::kSum, s.what + ": output", c.stream);
-  }
-  if (c.bias) tp::bias_add(y, c.bias->value(), c.stream);
+  return tp::fail_fast(core_->m, core_->device, core_->label + " forward", [&] {
+    LinearCore& c = *core_;
+    const Pass s = make_pass(c, options_, input, "forward");
+    const int p = c.m.tp_size;
+    Tensor y = tp::view_2d(output, c.out, s.sp ? s.rows / p : s.rows, c.dtype,
+                           c.device, s.what, "output");
+    Tensor x = local_input(c, s.x_in, options_.input_is_parallel);
+    if (s.sp) {
+      Tensor partial =
+          c.ws.get(kPartialOutput, c.dtype, Shape{s.rows, c.out}, c.device);
+      blas::gemm(x, false, c.weight.value(), true, partial, 1.0f, 0.0f,
+                 c.stream);
+      tp::reduce_scatter_rows(c.m, partial, y, s.what + ": output", c.stream);
+    } else {
+      blas::gemm(x, false, c.weight.value(), true, y, 1.0f, 0.0f, c.stream);
+      tp::allreduce(c.m, y, ReduceOp::kSum, s.what + ": output", c.stream);
+    }
+    if (c.bias) tp::bias_add(y, c.bias->value(), c.stream);
+  });
 }
 
 void RowParallelLinear::backward(const Tensor& input, const Tensor& grad_output,
                                  const Tensor& grad_input) {
-  LinearCore& c = *core_;
-  const Pass s = make_pass(c, options_, input, "backward");
-  const int p = c.m.tp_size;
-  Tensor dy = tp::view_2d(grad_output, c.out, s.sp ? s.rows / p : s.rows,
-                          c.dtype, c.device, s.what, "grad_output");
-  const bool want_dx = !tp::is_absent(grad_input);
-  Tensor dx = want_dx ? tp::view_2d(grad_input, s.in_cols, s.rows, c.dtype,
-                                    c.device, s.what, "grad_input")
-                      : Tensor();
-  if (s.sp) {
-    Tensor full =
-        c.ws.get(kGatheredGradOutput, c.dtype, Shape{s.rows, c.out}, c.device);
-    tp::allgather_rows(c.m, dy, full,
-                       s.what + ": sequence-parallel grad_output", c.stream);
-    dy = full;
-  }
-  Tensor x = local_input(c, s.x_in, options_.input_is_parallel);
-  blas::gemm(dy, true, x, false, c.weight.grad(), 1.0f, 1.0f, c.stream);
-  if (c.bias) tp::bias_grad(dy, c.bias->grad(), c.stream);
-  if (!want_dx) return;
-  if (options_.input_is_parallel || p == 1) {
-    blas::gemm(dy, false, c.weight.value(), false, dx, 1.0f, 0.0f, c.stream);
-    return;
-  }
-  Tensor dx_local =
-      c.ws.get(kLocalGradInput, c.dtype, Shape{s.rows, c.in / p}, c.device);
-  blas::gemm(dy, false, c.weight.value(), false, dx_local, 1.0f, 0.0f,
-             c.stream);
-  tp::allgather_cols(c.m, c.ws, kGatherBlocks, dx_local, dx,
-                     s.what + ": input grad", c.stream);
+  return tp::fail_fast(
+      core_->m, core_->device, core_->label + " backward", [&] {
+        LinearCore& c = *core_;
+        const Pass s = make_pass(c, options_, input, "backward");
+        const int p = c.m.tp_size;
+        Tensor dy = tp::view_2d(grad_output, c.out, s.sp ? s.rows / p : s.rows,
+                                c.dtype, c.device, s.what, "grad_output");
+        const bool want_dx = !tp::is_absent(grad_input);
+        Tensor dx = want_dx
+                        ? tp::view_2d(grad_input, s.in_cols, s.rows, c.dtype,
+                                      c.device, s.what, "grad_input")
+                        : Tensor();
+        if (s.sp) {
+          Tensor full = c.ws.get(kGatheredGradOutput, c.dtype,
+                                 Shape{s.rows, c.out}, c.device);
+          tp::allgather_rows(c.m, dy, full,
+                             s.what + ": sequence-parallel grad_output",
+                             c.stream);
+          dy = full;
+        }
+        Tensor x = local_input(c, s.x_in, options_.input_is_parallel);
+        blas::gemm(dy, true, x, false, c.weight.grad(), 1.0f, 1.0f, c.stream);
+        if (c.bias) tp::bias_grad(dy, c.bias->grad(), c.stream);
+        if (!want_dx) return;
+        if (options_.input_is_parallel || p == 1) {
+          blas::gemm(dy, false, c.weight.value(), false, dx, 1.0f, 0.0f,
+                     c.stream);
+          return;
+        }
+        Tensor dx_local = c.ws.get(kLocalGradInput, c.dtype,
+                                   Shape{s.rows, c.in / p}, c.device);
+        blas::gemm(dy, false, c.weight.value(), false, dx_local, 1.0f, 0.0f,
+                   c.stream);
+        tp::allgather_cols(c.m, c.ws, kGatherBlocks, dx_local, dx,
+                           s.what + ": input grad", c.stream);
+      });
 }
 
 }  // namespace tutti

@@ -19,14 +19,49 @@ OpOptions options(const std::string& what, void* stream) {
   return o;
 }
 
+thread_local uint64_t t_collective_failures = 0;
+
+// Runs one TP-group collective, counting its failures (fail_fast).
+template <class F>
+void collective(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    ++t_collective_failures;
+    throw;
+  }
+}
+
 }  // namespace
+
+uint64_t collective_failures() noexcept { return t_collective_failures; }
+
+void announce_local_failure(MeshImpl& mesh, const Device& device,
+                            const std::string& what) noexcept {
+  if (mesh.tp_size == 1 || !mesh.tp) return;
+  // An all-reduce whose output has more elements than its input: every
+  // backend rejects it in validation, before touching memory, and still
+  // takes part in the agreement check.  The buffer is never read.
+  static float never_read[2];
+  const Tensor in(never_read, DType::kFloat32, Shape{1}, device);
+  const Tensor out(never_read, DType::kFloat32, Shape{2}, device);
+  try {
+    mesh.tp->allreduce(
+        in, out, ReduceOp::kSum,
+        options(what + " failed on TP rank " + std::to_string(mesh.tp_rank),
+                nullptr));
+  } catch (...) {
+    // Expected: the request is invalid by construction.  The caller
+    // rethrows the error that matters.
+  }
+}
 
 void allreduce(MeshImpl& mesh, const Tensor& t, ReduceOp op,
                const std::string& what, void* stream) {
   if (mesh.tp_size == 1) return;
   mesh.count(CollectiveKind::kAllreduce, t.nbytes());
   cuda::OptionalDeviceGuard on_device(t.device());  // NCCL orders by events on `stream`
-  mesh.tp->allreduce(t, op, options(what, stream));
+  collective([&] { mesh.tp->allreduce(t, op, options(what, stream)); });
 }
 
 void allgather_rows(MeshImpl& mesh, const Tensor& in, const Tensor& out,
@@ -39,7 +74,7 @@ void allgather_rows(MeshImpl& mesh, const Tensor& in, const Tensor& out,
   if (mesh.tp_size == 1) return copy_tensor(out, in, stream);
   mesh.count(CollectiveKind::kAllgather, out.nbytes());
   cuda::OptionalDeviceGuard on_device(out.device());
-  mesh.tp->allgather(in, out, options(what, stream));
+  collective([&] { mesh.tp->allgather(in, out, options(what, stream)); });
 }
 
 void reduce_scatter_rows(MeshImpl& mesh, const Tensor& in, const Tensor& out,
@@ -52,7 +87,9 @@ void reduce_scatter_rows(MeshImpl& mesh, const Tensor& in, const Tensor& out,
   if (mesh.tp_size == 1) return copy_tensor(out, in, stream);
   mesh.count(CollectiveKind::kReduceScatter, in.nbytes());
   cuda::OptionalDeviceGuard on_device(out.device());
-  mesh.tp->reduce_scatter(in, out, ReduceOp::kSum, options(what, stream));
+  collective([&] {
+    mesh.tp->reduce_scatter(in, out, ReduceOp::kSum, options(what, stream));
+  });
 }
 
 void allgather_cols(MeshImpl& mesh, Workspace& ws, int slot, const Tensor& in,
@@ -70,7 +107,7 @@ void allgather_cols(MeshImpl& mesh, Workspace& ws, int slot, const Tensor& in,
   mesh.count(CollectiveKind::kAllgather, out.nbytes());
   {
     cuda::OptionalDeviceGuard on_device(blocks.device());
-    mesh.tp->allgather(in, blocks, options(what, stream));
+    collective([&] { mesh.tp->allgather(in, blocks, options(what, stream)); });
   }
   const size_t es = in.element_size();
   for (int r = 0; r < p; ++r)

@@ -89,58 +89,68 @@ void VocabParallelCrossEntropy::forward(const Tensor& logits,
                                         const Tensor& targets,
                                         const Tensor& losses,
                                         const Tensor& mean_loss) {
-  Impl& c = *impl_;
-  const std::string what = c.label + " forward";
-  Tensor z = c.check(logits, targets, what);
-  const int64_t n = z.shape()[0];
-  const Device d = logits.device();
-  Tensor mean = c.scalar_f32(mean_loss, 1, d, what, "mean_loss");
-  Tensor loss = tp::is_absent(losses)
-                    ? c.ws.get(kLosses, DType::kFloat32, Shape{n}, d)
-                    : c.scalar_f32(losses, n, d, what, "losses");
-  if (!targets.is_cuda())
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = load_as_double(targets.data(), targets.dtype(), i);
-      TUTTI_ARG_CHECK(t == c.options.ignore_index || (t >= 0 && t < c.vocab),
-                      what, ": target ", t, " of row ", i,
-                      " is outside the vocabulary [0, ", c.vocab,
-                      ") and is not ignore_index ", c.options.ignore_index);
-    }
-  void* stream = c.options.stream;
-  MeshImpl& m = *c.mesh->impl();
-  c.saved_rows = -1;
-  c.max = c.ws.get(kMax, DType::kFloat32, Shape{n}, d);
-  c.stats = c.ws.get(kStats, DType::kFloat32, Shape{2 * n}, d);
-  c.mean_count = c.ws.get(kMeanCount, DType::kFloat32, Shape{2}, d);
-  tp::ce_local_max(z, c.max, stream);
-  tp::allreduce(m, c.max, ReduceOp::kMax, what + ": row maximum", stream);
-  tp::ce_local_sums(z, targets, c.start, c.options.ignore_index, c.max, c.stats,
-                    stream);
-  tp::allreduce(m, c.stats, ReduceOp::kSum,
-                what + ": sum of exponentials and target logits", stream);
-  tp::ce_finalize(c.stats, targets, c.vocab, c.options.ignore_index, loss,
-                  c.mean_count, stream);
-  tp::copy_tensor(mean, c.mean_count.slice(0, 1), stream);
-  c.saved_rows = n;
+  return tp::fail_fast(
+      *impl_->mesh->impl(), logits.device(), impl_->label + " forward", [&] {
+        Impl& c = *impl_;
+        const std::string what = c.label + " forward";
+        Tensor z = c.check(logits, targets, what);
+        const int64_t n = z.shape()[0];
+        const Device d = logits.device();
+        Tensor mean = c.scalar_f32(mean_loss, 1, d, what, "mean_loss");
+        Tensor loss = tp::is_absent(losses)
+                          ? c.ws.get(kLosses, DType::kFloat32, Shape{n}, d)
+                          : c.scalar_f32(losses, n, d, what, "losses");
+        if (!targets.is_cuda())
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t t =
+                load_as_double(targets.data(), targets.dtype(), i);
+            TUTTI_ARG_CHECK(
+                t == c.options.ignore_index || (t >= 0 && t < c.vocab), what,
+                ": target ", t, " of row ", i,
+                " is outside the vocabulary [0, ", c.vocab,
+                ") and is not ignore_index ", c.options.ignore_index);
+          }
+        void* stream = c.options.stream;
+        MeshImpl& m = *c.mesh->impl();
+        c.saved_rows = -1;
+        c.max = c.ws.get(kMax, DType::kFloat32, Shape{n}, d);
+        c.stats = c.ws.get(kStats, DType::kFloat32, Shape{2 * n}, d);
+        c.mean_count = c.ws.get(kMeanCount, DType::kFloat32, Shape{2}, d);
+        tp::ce_local_max(z, c.max, stream);
+        tp::allreduce(m, c.max, ReduceOp::kMax, what + ": row maximum", stream);
+        tp::ce_local_sums(z, targets, c.start, c.options.ignore_index, c.max,
+                          c.stats, stream);
+        tp::allreduce(m, c.stats, ReduceOp::kSum,
+                      what + ": sum of exponentials and target logits", stream);
+        tp::ce_finalize(c.stats, targets, c.vocab, c.options.ignore_index, loss,
+                        c.mean_count, stream);
+        tp::copy_tensor(mean, c.mean_count.slice(0, 1), stream);
+        c.saved_rows = n;
+      });
 }
 
 void VocabParallelCrossEntropy::backward(const Tensor& logits,
                                          const Tensor& targets,
                                          const Tensor& grad_logits,
                                          float grad_scale) {
-  Impl& c = *impl_;
-  const std::string what = c.label + " backward";
-  Tensor z = c.check(logits, targets, what);
-  TUTTI_ARG_CHECK(
-      c.saved_rows == z.shape()[0] && c.max.device() == logits.device(), what,
-      ": needs the forward of the same ", z.shape()[0],
-      " rows first (the last forward saw ",
-      c.saved_rows < 0 ? std::string("none") : std::to_string(c.saved_rows),
-      ")");
-  Tensor g = tp::view_2d(grad_logits, c.local, z.shape()[0], logits.dtype(),
-                         logits.device(), what, "grad_logits");
-  tp::ce_backward(z, targets, c.start, c.options.ignore_index, c.max, c.stats,
-                  c.mean_count, grad_scale, g, c.options.stream);
+  return tp::fail_fast(
+      *impl_->mesh->impl(), logits.device(), impl_->label + " backward", [&] {
+        Impl& c = *impl_;
+        const std::string what = c.label + " backward";
+        Tensor z = c.check(logits, targets, what);
+        TUTTI_ARG_CHECK(
+            c.saved_rows == z.shape()[0] && c.max.device() == logits.device(),
+            what, ": needs the forward of the same ", z.shape()[0],
+            " rows first (the last forward saw ",
+            c.saved_rows < 0 ? std::string("none")
+                             : std::to_string(c.saved_rows),
+            ")");
+        Tensor g =
+            tp::view_2d(grad_logits, c.local, z.shape()[0], logits.dtype(),
+                        logits.device(), what, "grad_logits");
+        tp::ce_backward(z, targets, c.start, c.options.ignore_index, c.max,
+                        c.stats, c.mean_count, grad_scale, g, c.options.stream);
+      });
 }
 
 int64_t VocabParallelCrossEntropy::vocab_size() const { return impl_->vocab; }

@@ -96,49 +96,56 @@ VocabParallelEmbedding::VocabParallelEmbedding(
 VocabParallelEmbedding::~VocabParallelEmbedding() = default;
 
 void VocabParallelEmbedding::forward(const Tensor& ids, const Tensor& output) {
-  Impl& e = *impl_;
-  const std::string what = e.label + " forward";
-  e.check_ids(ids, what);
-  const int64_t n = ids.numel();
-  Tensor y = tp::view_2d(output, e.dim, e.output_rows(ids, what),
-                         e.options.dtype, e.options.device, what, "output");
-  void* stream = e.options.stream;
-  if (!e.sequence_parallel()) {
-    tp::embedding_lookup(ids, e.weight.value(), e.start, y, stream);
-    tp::allreduce(e.m, y, ReduceOp::kSum, what + ": output", stream);
-    return;
-  }
-  Tensor full =
-      e.ws.get(kFullOutput, e.options.dtype, Shape{n, e.dim}, e.options.device);
-  tp::embedding_lookup(ids, e.weight.value(), e.start, full, stream);
-  tp::reduce_scatter_rows(e.m, full, y, what + ": output", stream);
+  return tp::fail_fast(
+      impl_->m, impl_->options.device, impl_->label + " forward", [&] {
+        Impl& e = *impl_;
+        const std::string what = e.label + " forward";
+        e.check_ids(ids, what);
+        const int64_t n = ids.numel();
+        Tensor y =
+            tp::view_2d(output, e.dim, e.output_rows(ids, what),
+                        e.options.dtype, e.options.device, what, "output");
+        void* stream = e.options.stream;
+        if (!e.sequence_parallel()) {
+          tp::embedding_lookup(ids, e.weight.value(), e.start, y, stream);
+          tp::allreduce(e.m, y, ReduceOp::kSum, what + ": output", stream);
+          return;
+        }
+        Tensor full = e.ws.get(kFullOutput, e.options.dtype, Shape{n, e.dim},
+                               e.options.device);
+        tp::embedding_lookup(ids, e.weight.value(), e.start, full, stream);
+        tp::reduce_scatter_rows(e.m, full, y, what + ": output", stream);
+      });
 }
 
 void VocabParallelEmbedding::backward(const Tensor& ids,
                                       const Tensor& grad_output) {
-  Impl& e = *impl_;
-  const std::string what = e.label + " backward";
-  e.check_ids(ids, what);
-  const int64_t n = ids.numel();
-  Tensor dy =
-      tp::view_2d(grad_output, e.dim, e.output_rows(ids, what), e.options.dtype,
-                  e.options.device, what, "grad_output");
-  void* stream = e.options.stream;
-  if (e.sequence_parallel()) {
-    Tensor full = e.ws.get(kGatheredGrad, e.options.dtype, Shape{n, e.dim},
-                           e.options.device);
-    tp::allgather_rows(e.m, dy, full, what + ": sequence-parallel grad_output",
-                       stream);
-    dy = full;
-  }
-  // float16/bfloat16 tables sum their gradient in a float32 copy kept in
-  // the layer's workspace (allocated on the first backward, then reused).
-  const Tensor acc =
-      e.options.dtype == DType::kFloat32
-          ? Tensor()
-          : e.ws.get(kGradAccumulator, DType::kFloat32,
-                     Shape{e.local, e.dim}, e.options.device);
-  tp::embedding_grad(ids, dy, e.start, e.weight.grad(), acc, stream);
+  return tp::fail_fast(
+      impl_->m, impl_->options.device, impl_->label + " backward", [&] {
+        Impl& e = *impl_;
+        const std::string what = e.label + " backward";
+        e.check_ids(ids, what);
+        const int64_t n = ids.numel();
+        Tensor dy =
+            tp::view_2d(grad_output, e.dim, e.output_rows(ids, what),
+                        e.options.dtype, e.options.device, what, "grad_output");
+        void* stream = e.options.stream;
+        if (e.sequence_parallel()) {
+          Tensor full = e.ws.get(kGatheredGrad, e.options.dtype,
+                                 Shape{n, e.dim}, e.options.device);
+          tp::allgather_rows(e.m, dy, full,
+                             what + ": sequence-parallel grad_output", stream);
+          dy = full;
+        }
+        // float16/bfloat16 tables sum their gradient in a float32 copy kept in
+        // the layer's workspace (allocated on the first backward, then reused).
+        const Tensor acc =
+            e.options.dtype == DType::kFloat32
+                ? Tensor()
+                : e.ws.get(kGradAccumulator, DType::kFloat32,
+                           Shape{e.local, e.dim}, e.options.device);
+        tp::embedding_grad(ids, dy, e.start, e.weight.grad(), acc, stream);
+      });
 }
 
 Tensor VocabParallelEmbedding::weight() const { return impl_->weight.value(); }

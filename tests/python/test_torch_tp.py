@@ -123,3 +123,130 @@ def test_embedding_and_vocab_parallel_cross_entropy(rank, size, mesh):
     ce(head(emb(ids)), targets)
     with pytest.raises(tutti.InvalidArgumentError, match="latest forward"):
         first.backward()
+
+
+class DenseSPBlock(torch.nn.Module):
+    """Megatron's SP recipe on one rank: LayerNorm -> fc1 -> gelu -> fc2 -> LayerNorm."""
+
+    def __init__(self, h, ffn):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+        self.fc1, self.fc2 = torch.nn.Linear(h, ffn), torch.nn.Linear(ffn, h)
+        with torch.no_grad():  # non-trivial LayerNorm parameters
+            for ln in (self.ln1, self.ln2):
+                ln.weight.copy_(1 + 0.5 * torch.randn(h))
+                ln.bias.copy_(0.5 * torch.randn(h))
+
+    def forward(self, x):
+        return self.ln2(self.fc2(F.gelu(self.fc1(self.ln1(x)))))
+
+
+class SPBlock(torch.nn.Module):
+    """The same block with sequence parallelism: x is this rank's [s/p, b, h]."""
+
+    def __init__(self, dense, mesh):
+        super().__init__()
+        h, ffn = dense.fc1.in_features, dense.fc1.out_features
+        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+        self.ln1.load_state_dict(dense.ln1.state_dict())
+        self.ln2.load_state_dict(dense.ln2.state_dict())
+        self.fc1 = tp.ColumnParallelLinear(h, ffn, mesh, gather_output=False,
+                                           sequence_parallel=True, name="fc1")
+        self.fc2 = tp.RowParallelLinear(ffn, h, mesh, input_is_parallel=True,
+                                        sequence_parallel=True, name="fc2")
+        self.fc1.layer.load_from_full(dense.fc1.weight.detach(), dense.fc1.bias.detach())
+        self.fc2.layer.load_from_full(dense.fc2.weight.detach(), dense.fc2.bias.detach())
+        tp.mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
+
+    def forward(self, x):
+        return self.ln2(self.fc2(F.gelu(self.fc1(self.ln1(x)))))
+
+
+@pytest.fixture(scope="module", params=["tp_world", "tp2_dp"])
+def sp_mesh(request, world, mesh):
+    """TP over the whole world, and TP 2 x DP size/2 where the world has
+    another even split (np 4: TP 2 x DP 2)."""
+    if request.param == "tp_world":
+        return mesh
+    if world.size % 2 or world.size <= 2:
+        pytest.skip("TP 2 x DP > 1 needs an even world of 4 or more")
+    return tutti.ProcessMesh(world, 2)
+
+
+def sp_and_dense_backward(mesh, reduce):
+    rank, size = mesh.tp_rank, mesh.tp_size
+    s, b, h, ffn = 12, 2, 12, 24  # every size divisible by tp_size 1, 2, 3 and 4
+    torch.manual_seed(11)
+    dense = DenseSPBlock(h, ffn)
+    sp = SPBlock(dense, mesh)
+    x, target = torch.randn(s, b, h), torch.randn(s, b, h)
+    (dense(x) * target).sum().backward()
+    # Each rank's loss covers its sequence slice; their sum is the dense loss.
+    (sp(shard(x, size, rank, 0)) * shard(target, size, rank, 0)).sum().backward()
+    if reduce:
+        tp.allreduce_sequence_parallel_grads(sp, mesh)
+    return dense, sp
+
+
+# float32, the dense sum over s*b = 24 positions taken in another order
+# (per rank, then over the TP group): well within 1e-4 relative, 1e-5 absolute.
+SP_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def test_sequence_parallel_layernorm_grads_match_dense(sp_mesh):
+    mesh = sp_mesh
+    rank, size = mesh.tp_rank, mesh.tp_size
+    dense, sp = sp_and_dense_backward(mesh, reduce=True)
+    assert sp.ln1.weight.sequence_parallel and sp.ln1.weight.tp_replicated
+    for name in ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"):
+        got = sp.get_parameter(name).grad
+        want = dense.get_parameter(name).grad
+        assert torch.allclose(got, want, **SP_TOL), (name, (got - want).abs().max())
+    assert torch.allclose(sp.fc1.weight.grad, shard(dense.fc1.weight.grad, size, rank, 0), **SP_TOL)
+    assert torch.allclose(sp.fc2.weight.grad, shard(dense.fc2.weight.grad, size, rank, 1), **SP_TOL)
+    assert torch.allclose(sp.fc2.bias.grad, dense.fc2.bias.grad, **SP_TOL)
+    dense_norm = torch.nn.utils.clip_grad_norm_(dense.parameters(), 0.5)
+    total = tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
+    assert total.item() == pytest.approx(dense_norm.item(), rel=1e-5)
+    assert torch.allclose(sp.ln2.weight.grad, dense.ln2.weight.grad, **SP_TOL)
+
+
+def test_sequence_parallel_grads_are_partial_until_reduced(sp_mesh):
+    mesh = sp_mesh
+    size = mesh.tp_size
+    dense, sp = sp_and_dense_backward(mesh, reduce=False)
+    partial = sp.ln1.weight.grad.clone()
+    if size > 1:
+        assert not torch.allclose(partial, dense.ln1.weight.grad, **SP_TOL)
+    # Clipping partial gradients would be silently wrong at tp_size > 1: it is
+    # refused (at every tp_size, so the missing call shows on one rank too).
+    with pytest.raises(tutti.InvalidArgumentError, match="allreduce_sequence_parallel_grads"):
+        tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
+    tp.allreduce_sequence_parallel_grads(sp, mesh)
+    assert torch.allclose(sp.ln1.weight.grad, dense.ln1.weight.grad, **SP_TOL)
+    # A second backward accumulates partial gradients again: refused again.
+    sp(torch.ones(12 // size, 2, 12)).sum().backward()
+    with pytest.raises(tutti.InvalidArgumentError, match="allreduce_sequence_parallel_grads"):
+        tp.clip_grad_norm_(sp.parameters(), 0.5, mesh)
+
+
+def test_error_on_one_rank_fails_every_rank_at_once(rank, size, mesh):
+    """A shape error on TP rank 1 only: it raises its own error, the peers
+    (waiting in the all-gather) raise MismatchError naming the op and rank 1
+    at once, not after TUTTI_TIMEOUT; the mesh stays usable."""
+    if size < 2:
+        pytest.skip("needs two TP ranks")
+    import time
+    row = tp.RowParallelLinear(4 * size, 3, mesh, input_is_parallel=True,
+                               sequence_parallel=True, name="fc2")
+    # Rank 1's sequence (2 * size + 1) is not divisible by tp_size.
+    x = torch.ones(2 * size + (rank == 1), 2, 4)
+    start = time.monotonic()
+    if rank == 1:
+        with pytest.raises(tutti.InvalidArgumentError, match="fc2.*not divisible by tp_size"):
+            row(x)
+    else:
+        with pytest.raises(tutti.MismatchError, match="'fc2' forward.*rank 1 rejected"):
+            row(x)
+    assert time.monotonic() - start < 20
+    assert row(torch.ones(2 * size, 2, 4)).shape == (2, 2, 3)

@@ -161,6 +161,49 @@ TEST(SequenceParallel,
       }
 }
 
+// A LayerNorm-style scale gamma [h] applied to this rank's sequence slice
+// (y = x * gamma): its gradient sum_rows dy * x covers only the local rows
+// until allreduce_sequence_parallel_grads sums it over the TP group; then it
+// is the dense gradient on every TP rank and counts once in the grad norm.
+TEST(SequenceParallel, AllreduceSequenceParallelGradsGivesTheDenseGradient) {
+  uint64_t seed = 1900;
+  for (const auto& mesh : tptest::all_meshes())
+    for (const SeqDims& d : kDims) {
+      const SeqCase c(*mesh, d, seed += 10);
+      SCOPED_TRACE(c.str(*mesh, d, false));
+      const int64_t h = d.in;
+      const auto dy = tptest::random_floats(seed + 5, c.rows * h);
+      std::vector<float> prod(c.rows * h);
+      for (size_t i = 0; i < prod.size(); ++i) prod[i] = dy[i] * c.x[i];
+      // This rank's partial gradient, and a second parameter (a bias: the
+      // column sums of dy) reduced in the same call.
+      auto local = tptest::rows_of(prod, h, c.l0, c.l0 + c.local_rows);
+      auto dy_local = tptest::rows_of(dy, h, c.l0, c.l0 + c.local_rows);
+      std::vector<float> g_gamma(h, 0.0f), g_beta(h, 0.0f);
+      for (int64_t row = 0; row < c.local_rows; ++row)
+        for (int64_t j = 0; j < h; ++j) {
+          g_gamma[j] += local[row * h + j];
+          g_beta[j] += dy_local[row * h + j];
+        }
+      allreduce_sequence_parallel_grads(
+          *mesh, {view(g_gamma, {h}), view(g_beta, {h})});
+      const Dense gamma_ref = tptest::column_sums(prod, c.rows, h);
+      const Dense beta_ref = tptest::column_sums(dy, c.rows, h);
+      EXPECT_TRUE(near_dense(g_gamma, gamma_ref)) << "gamma grad";
+      EXPECT_TRUE(near_dense(g_beta, beta_ref)) << "beta grad";
+      // Replicated after the reduction: the TP grad norm counts it once.
+      std::vector<float> gamma(h, 1.0f);
+      TPParameter param{"ln.weight", view(gamma, {h}), view(g_gamma, {h}), {}};
+      param.shard.global_shape = {h};
+      double want = 0;
+      for (double v : gamma_ref.value) want += v * v;
+      EXPECT_NEAR(tp_grad_norm_squared(*mesh, {param}), want,
+                  1e-5 * want + 1e-30);
+    }
+  // Nothing to sum; every rank agrees on that.
+  allreduce_sequence_parallel_grads(*tptest::all_meshes().front(), {});
+}
+
 TEST(SequenceParallel, NonDivisibleSizesAndBadOptionsNameTheLayer) {
   for (const auto& mesh : tptest::all_meshes()) {
     const int p = mesh->tp_size();

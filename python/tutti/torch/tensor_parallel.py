@@ -15,6 +15,9 @@ Parameters carry their sharding: ``p.tutti_shard`` ({global_shape, dim,
 offset, group, flat}) and ``p.tp_replicated``.  Every rank of the TP group
 runs the same forward/backward calls in the same order (they communicate).
 """
+import functools
+import weakref
+
 import torch
 
 from .. import _C
@@ -27,26 +30,27 @@ _tp = _C.tensor_parallel
 def _shape_rule(region):
     """Output shape of a region's forward from its input shape and tp_size."""
     def last(scale):
-        return lambda s, p: s[:-1] + (int(s[-1] * scale(p)),)
+        return lambda s, p: s[:-1] + (scale(s[-1], p),)
 
     def first(scale):
-        return lambda s, p: (int(s[0] * scale(p)),) + s[1:]
+        return lambda s, p: (scale(s[0], p),) + s[1:]
 
     rules = {
         "copy_to_tp": lambda s, p: s,
         "reduce_from_tp": lambda s, p: s,
-        "gather_from_tp": last(lambda p: p),
-        "scatter_to_tp": last(lambda p: 1 / p),
-        "gather_from_sequence_parallel": first(lambda p: p),
-        "reduce_scatter_to_sequence_parallel": first(lambda p: 1 / p),
-        "scatter_to_sequence_parallel": first(lambda p: 1 / p),
+        "gather_from_tp": last(lambda n, p: n * p),
+        "scatter_to_tp": last(_split),
+        "gather_from_sequence_parallel": first(lambda n, p: n * p),
+        "reduce_scatter_to_sequence_parallel": first(_split),
+        "scatter_to_sequence_parallel": first(_split),
     }
     return rules[region]
 
 
-def _split(n, p, what):
-    if n % p:
-        raise error(_C.InvalidArgumentError, f"{what}: {n} is not divisible by tp_size {p}")
+def _split(n, p):
+    """n / p for an output shape.  Sizes p does not divide are left to the C++
+    call to refuse: its errors fail fast across the TP group (a Python raise
+    here, on one rank only, would leave the peers waiting in the collective)."""
     return n // p
 
 
@@ -60,10 +64,6 @@ def _make_region(region):
         def forward(ctx, x, mesh, name):
             x = export(x).contiguous()
             shape = tuple(x.shape)
-            if region in ("scatter_to_tp",):
-                _split(shape[-1], mesh.tp_size, f"{region} '{name}' last dimension")
-            elif "scatter" in region:
-                _split(shape[0], mesh.tp_size, f"{region} '{name}' first dimension")
             ctx.mesh, ctx.name, ctx.shape = mesh, name, shape
             out = x.new_empty(rule(shape, mesh.tp_size))
             forward_op(mesh, x, out, name=name, stream=stream_of(x))
@@ -201,7 +201,7 @@ class RowParallelLinear(_TPModule):
         s = tuple(x.shape)
         out = s[:-1] + (self.layer.out_features,)
         if self.layer.sequence_parallel:
-            out = (_split(s[0], self.mesh.tp_size, "RowParallelLinear sequence"),) + out[1:]
+            out = (_split(s[0], self.mesh.tp_size),) + out[1:]
         return _LayerFn.apply(x, self.layer, out, *self._params())
 
 
@@ -221,7 +221,7 @@ class VocabParallelEmbedding(_TPModule):
         """ids [...] (int32/int64, the same on every TP rank) -> [..., dim]."""
         s = tuple(ids.shape)
         if self.sequence_parallel:
-            s = (_split(s[0], self.mesh.tp_size, "VocabParallelEmbedding sequence"),) + s[1:]
+            s = (_split(s[0], self.mesh.tp_size),) + s[1:]
         return _LayerFn.apply(ids, self.layer, s + (self.embedding_dim,), self.weight)
 
 
@@ -271,13 +271,91 @@ class VocabParallelCrossEntropy(torch.nn.Module):
         return _CrossEntropyFn.apply(logits, targets, self, self._calls)
 
 
+def _note_backward(param_ref, grad):
+    p = param_ref()
+    if p is not None:
+        p._tutti_sp_pending = True
+
+
+def mark_sequence_parallel(*params):
+    """Mark parameters in the sequence-parallel region that are not TP-sharded
+    (LayerNorm weight and bias, any parameter applied to [s/p, b, h]
+    activations): each TP rank's gradient covers only its sequence slice.
+    Sets Megatron's ``p.sequence_parallel = True`` (and ``p.tp_replicated``)
+    and a gradient hook that notes each backward, so that
+    :func:`clip_grad_norm_` refuses their gradients until
+    :func:`allreduce_sequence_parallel_grads` has summed them.  Returns the
+    parameters."""
+    for p in params:
+        if not isinstance(p, torch.nn.Parameter):
+            raise error(_C.InvalidArgumentError,
+                        f"mark_sequence_parallel: expected nn.Parameter, got {type(p).__name__}")
+        if getattr(p, "tutti_shard", None) is not None and not p.tp_replicated:
+            raise error(_C.InvalidArgumentError,
+                        "mark_sequence_parallel: a TP-sharded parameter "
+                        f"{tuple(p.shape)} has complete gradients already")
+        p.sequence_parallel = True
+        p.tp_replicated = True
+        if not getattr(p, "_tutti_sp_hooked", False):
+            p._tutti_sp_hooked = True
+            p._tutti_sp_pending = False
+            p.register_hook(functools.partial(_note_backward, weakref.ref(p)))
+    return params
+
+
+def _sp_params(parameters):
+    if isinstance(parameters, torch.nn.Module):
+        parameters = parameters.parameters()
+    elif isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    return [p for p in parameters
+            if getattr(p, "sequence_parallel", False) and p.grad is not None]
+
+
+def allreduce_sequence_parallel_grads(parameters, mesh):
+    """Sum the gradients of the sequence-parallel parameters among
+    ``parameters`` (a module or an iterable; those with
+    ``p.sequence_parallel``, see :func:`mark_sequence_parallel`) in place over
+    mesh's TP group, as Megatron's finalize step does for LayerNorm
+    gradients.  Call it once per optimizer step, after the last micro-batch's
+    backward and before clipping and ``step()`` (gradients accumulated over
+    micro-batches are partial sums; reducing after each would count earlier
+    micro-batches tp_size times).  Order relative to data-parallel averaging
+    does not matter.  One all-reduce per (dtype, device), coalesced.
+    Collective over the TP group: every TP rank passes the same model."""
+    params = _sp_params(parameters)
+    buckets = {}
+    for p in params:
+        buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+    for group in buckets.values():
+        grads = [p.grad for p in group]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        _tp.allreduce_sequence_parallel_grads(mesh, [flat], stream=stream_of(flat))
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    for p in params:
+        p._tutti_sp_pending = False
+
+
 def clip_grad_norm_(parameters, max_norm, mesh, norm_type=2.0, error_if_nonfinite=False):
     """torch.nn.utils.clip_grad_norm_ for a tensor-parallel model: the norm of
     the whole model replica, combining shards over the TP group and counting
     replicated parameters (``p.tp_replicated``; parameters that are not tutti
     TP shards count as replicated) once.  Collective over the TP group.
-    Returns the total norm as a tensor."""
+    Sequence-parallel parameters (:func:`mark_sequence_parallel`) count once
+    after :func:`allreduce_sequence_parallel_grads`; before it their
+    gradients are partial and clipping raises InvalidArgumentError rather
+    than return a wrong norm.  Returns the total norm as a tensor."""
     params = [p for p in parameters if p.grad is not None]
+    pending = [i for i, p in enumerate(params) if getattr(p, "_tutti_sp_pending", False)]
+    if pending:
+        shapes = ", ".join(f"#{i} {tuple(params[i].shape)}" for i in pending[:4])
+        raise error(_C.InvalidArgumentError,
+                    f"clip_grad_norm_: sequence-parallel parameters ({shapes}) hold "
+                    "partial per-rank gradients since their last backward; call "
+                    "tp.allreduce_sequence_parallel_grads(model, mesh) first")
     grads = [p.grad for p in params]
     replicated = [bool(getattr(p, "tp_replicated", True)) for p in params]
     stream = next((stream_of(g) for g in grads if g.is_cuda), 0)
@@ -289,4 +367,5 @@ def clip_grad_norm_(parameters, max_norm, mesh, norm_type=2.0, error_if_nonfinit
 
 __all__ = list(REGIONS) + ["ColumnParallelLinear", "RowParallelLinear",
                            "VocabParallelEmbedding", "VocabParallelCrossEntropy",
+                           "mark_sequence_parallel", "allreduce_sequence_parallel_grads",
                            "clip_grad_norm_"]
