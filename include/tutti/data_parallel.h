@@ -106,6 +106,16 @@ struct ReducerOptions {
   // kAvg (default): gradients are averaged over the group's ranks; kSum:
   // summed.  Other ops are rejected.
   ReduceOp op = ReduceOp::kAvg;
+  // Horovod's gradient_predivide_factor f: with op kAvg, each rank's bucket
+  // is divided by f before the sum and the sum by W / f after it (W: group
+  // size), so the result is still the average.  1 (default): sum, then
+  // divide by W (most accurate unless the sum overflows, see
+  // docs/data_parallel.md); W: divide everything before the sum.  Finite and
+  // > 0; a value other than 1 needs op kAvg, no compressor, and float32,
+  // float16 or bfloat16 gradients (kInvalidArgument otherwise).  When W / f
+  // is an integer the division after the sum is fused into the write-back;
+  // else the bucket is divided by float(W / f) first (one more rounding).
+  double gradient_predivide_factor = 1.0;
   // Names the reducer in errors and operation names ("dp bucket 3").
   std::string name = "dp";
   // Learned bucket order (TUTTI_LEARN_BUCKET_ORDER; default on): the first

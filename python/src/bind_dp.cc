@@ -101,7 +101,7 @@ void bind_dp(pyb::module_& m) {
                         pyb::object op, std::string name,
                         std::optional<bool> learn_bucket_order,
                         bool find_unused_parameters, bool static_graph,
-                        bool gradient_as_bucket_view) {
+                        bool gradient_as_bucket_view, double gradient_predivide_factor) {
              ReducerOptions o = ReducerOptions::from_env();
              if (bucket_cap_mb) o.bucket_cap_mb = *bucket_cap_mb;
              if (first_bucket_cap_mb) o.first_bucket_cap_mb = *first_bucket_cap_mb;
@@ -122,6 +122,7 @@ void bind_dp(pyb::module_& m) {
              o.find_unused_parameters = find_unused_parameters;
              o.static_graph = static_graph;
              o.gradient_as_bucket_view = gradient_as_bucket_view;
+             o.gradient_predivide_factor = gradient_predivide_factor;
              return std::make_shared<Reducer>(std::move(group), o);
            }),
            pyb::arg("group"), pyb::kw_only(), pyb::arg("bucket_cap_mb") = pyb::none(),
@@ -132,6 +133,7 @@ void bind_dp(pyb::module_& m) {
            pyb::arg("name") = "dp", pyb::arg("learn_bucket_order") = pyb::none(),
            pyb::arg("find_unused_parameters") = false, pyb::arg("static_graph") = false,
            pyb::arg("gradient_as_bucket_view") = false,
+           pyb::arg("gradient_predivide_factor") = 1.0,
            "Options left None take their TUTTI_* setting (TUTTI_BUCKET_MB, "
            "TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_COMPRESSION, "
            "TUTTI_LEARN_BUCKET_ORDER).  gradient_as_bucket_view: gradients "
@@ -139,7 +141,9 @@ void bind_dp(pyb::module_& m) {
            "mark_unused() fills a slot early; static_graph: the parameters "
            "unused in the first step are filled early in every later one.  "
            "compressor: a tutti.Compressor, a name ('powersgd'; 'none' for "
-           "none), or None for the setting.  op: 'avg' or 'sum'.")
+           "none), or None for the setting.  op: 'avg' or 'sum'.  "
+           "gradient_predivide_factor f (Horovod's): divide by f before the "
+           "sum and by W / f after it (avg only, no compressor).")
       .def("add_parameter",
            [](pyb::object self, const std::string& name, pyb::handle param, pyb::handle grad) {
              const std::string pn = "parameter '" + name + "'";
@@ -241,6 +245,7 @@ void bind_dp(pyb::module_& m) {
         const ReducerOptions& o = r.options();
         pyb::dict d;
         d["bucket_cap_mb"] = o.bucket_cap_mb;
+        d["gradient_predivide_factor"] = o.gradient_predivide_factor;
         d["first_bucket_cap_mb"] = o.first_bucket_cap_mb;
         d["backward_passes_per_step"] = o.backward_passes_per_step;
         d["hierarchical"] = o.hierarchical;

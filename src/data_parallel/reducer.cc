@@ -64,6 +64,16 @@ ReducerImpl::ReducerImpl(ProcessGroupPtr group, ReducerOptions options)
   TUTTI_ARG_CHECK(!opt_.compressor || opt_.op == ReduceOp::kAvg, "Reducer '", n,
                   "': a compressor returns the average; op must be avg, got ",
                   reduce_op_name(opt_.op));
+  const double f = opt_.gradient_predivide_factor;
+  TUTTI_ARG_CHECK(std::isfinite(f) && f > 0, "Reducer '", n,
+                  "': gradient_predivide_factor = ", f, " must be finite and > 0");
+  TUTTI_ARG_CHECK(f == 1.0 || opt_.op == ReduceOp::kAvg, "Reducer '", n,
+                  "': gradient_predivide_factor = ", f, " splits the division of "
+                  "an average; op must be avg, got ", reduce_op_name(opt_.op));
+  TUTTI_ARG_CHECK(f == 1.0 || !opt_.compressor, "Reducer '", n,
+                  "': gradient_predivide_factor = ", f, " with compressor '",
+                  opt_.compressor ? opt_.compressor->name() : "", "': the compressor "
+                  "forms the average itself; use gradient_predivide_factor = 1");
   TUTTI_ARG_CHECK(!(opt_.find_unused_parameters && opt_.static_graph), "Reducer '",
                   n, "': find_unused_parameters searches every pass, static_graph "
                   "never does; set one of them");
@@ -127,6 +137,12 @@ int ReducerImpl::add_parameter(const std::string& name, const Tensor& param,
   p.grad = grad;
   p.grad_absent = absent;
   p.grad_dtype = absent ? param.dtype() : grad.dtype();
+  TUTTI_ARG_CHECK(opt_.gradient_predivide_factor == 1.0 ||
+                      p.grad_dtype == DType::kFloat32 || p.grad_dtype == DType::kFloat16 ||
+                      p.grad_dtype == DType::kBFloat16,
+                  ctx, ": gradient_predivide_factor = ", opt_.gradient_predivide_factor,
+                  " scales float32/float16/bfloat16 gradients, this one is ",
+                  dtype_name(p.grad_dtype));
   const int index = static_cast<int>(params_.size());
   params_.push_back(std::move(p));
   by_name_.emplace(name, index);
@@ -145,6 +161,7 @@ void ReducerImpl::check_plan_agrees() {
       detail::cat("hierarchical_node_size=", opt_.hierarchical_node_size),
       detail::cat("compressor=", opt_.compressor ? opt_.compressor->name() : "none"),
       detail::cat("learn_bucket_order=", opt_.learn_bucket_order),
+      detail::cat("gradient_predivide_factor=", opt_.gradient_predivide_factor),
   };
   std::vector<std::string> entries;
   entries.reserve(params_.size());

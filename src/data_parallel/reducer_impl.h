@@ -145,6 +145,8 @@ class ReducerImpl {
   void abandon_step() noexcept;
   void reset_step();
   int64_t divisor() const;
+  double post_divisor() const;
+  void divide_bucket(dp::Bucket& b, double by, void* stream);
   // reducer.cc
   void check_plan_agrees();
   void allocate_bucket(dp::Bucket& b);

@@ -2,7 +2,9 @@
 // in-order launch -> synchronize: fill unready slots, launch the rest, wait,
 // fused write-back.  See reducer_impl.h for the protocol.
 #include <chrono>
+#include <cmath>
 
+#include "compression/cast.h"
 #include "core/check.h"
 #include "core/cuda_utils.h"
 #include "data_parallel/reducer_impl.h"
@@ -21,9 +23,27 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-int64_t ReducerImpl::divisor() const {
+// What the sum is divided by: W / f (gradient_predivide_factor f; the
+// bucket was divided by f before the sum), 1 for kSum and compressors.
+double ReducerImpl::post_divisor() const {
   if (mode_ == Mode::kCompressed || opt_.op == ReduceOp::kSum) return 1;
-  return group_->size();
+  return static_cast<double>(group_->size()) / opt_.gradient_predivide_factor;
+}
+
+// The integer divisor fused into the write-back: post_divisor() when it is a
+// whole number >= 1, else 1 (write_back() then divides the bucket first).
+int64_t ReducerImpl::divisor() const {
+  const double d = post_divisor();
+  return d >= 1 && std::floor(d) == d ? static_cast<int64_t>(d) : 1;
+}
+
+// In place: bucket /= divisor, rounded once in the bucket's dtype (float32,
+// float16 or bfloat16; add_parameter refuses others when f != 1).  The
+// cast compressor's conversion, src == dst.
+void ReducerImpl::divide_bucket(Bucket& b, double by, void* stream) {
+  const BucketLayout& l = b.plan.layout;
+  compression::cast_convert(l.device, b.buffer->data(), l.dtype, b.buffer->data(),
+                            l.dtype, l.numel, static_cast<float>(by), stream);
 }
 
 // CUDA: a bucket is ordered on the stream of its first producer; a copy made
@@ -152,6 +172,10 @@ void ReducerImpl::launch(int index, bool early) {
   ++stats_.buckets_reduced;
   if (early) ++stats_.buckets_launched_early;
   stats_.bytes_reduced += static_cast<int64_t>(b.plan.bytes);
+  // gradient_predivide_factor: divide before the sum (Horovod's prescale),
+  // on the bucket's stream ahead of the all-reduce or the worker's start.
+  if (mode_ != Mode::kCompressed && opt_.gradient_predivide_factor != 1.0)
+    divide_bucket(b, opt_.gradient_predivide_factor, b.stream);
   if (mode_ != Mode::kFlat) {
 #if TUTTI_WITH_CUDA
     if (b.launched) b.launched->record(static_cast<cudaStream_t>(b.stream));
@@ -265,6 +289,10 @@ void ReducerImpl::write_back(Bucket& b, void* stream) {
   // is already in place.
   const bool in_place = opt_.gradient_as_bucket_view;
   const bool nothing_to_do = in_place && divisor() == 1;
+  // A post divisor W / f that is not a whole number: divide the bucket
+  // first (Horovod's postscale), then write back without dividing.
+  const bool divide_first = static_cast<double>(divisor()) != post_divisor();
+  if (divide_first && l.device.is_cpu()) divide_bucket(b, post_divisor(), nullptr);
   if (nothing_to_do && l.device.is_cpu()) return;
   if (!in_place) stats_.bytes_copied_out += static_cast<int64_t>(b.plan.bytes);
   if (l.device.is_cpu()) {
@@ -277,6 +305,7 @@ void ReducerImpl::write_back(Bucket& b, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(b.stream);
   if (b.side && mode_ == Mode::kHierarchical)  // the reduction ran on b.side
     TUTTI_CUDA_CHECK(cudaStreamWaitEvent(s, b.reduced->get(), 0));
+  if (divide_first) divide_bucket(b, post_divisor(), s);
   if (!nothing_to_do)
     kernels::launch_unflatten_scale(
       b.buffer->data(), l.dtype,

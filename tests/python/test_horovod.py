@@ -104,3 +104,32 @@ def test_named_parameters_checks():
         hvd.DistributedOptimizer(opt, named_parameters=[("w", model.weight), ("w", model.bias)])
     with pytest.raises(tutti.UnsupportedError):
         hvd.DistributedOptimizer(opt, op=hvd.Adasum)
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0, "size"])
+def test_gradient_predivide_factor_keeps_the_average(rank, size, factor):
+    # Horovod's gradient_predivide_factor f: divide by f before the sum and
+    # by size / f after it.  Dyadic gradients: every division by a power of
+    # two is exact, and (sum / 2) / 1.5 rounds like sum / 3 (size 3, f = 2),
+    # so the result equals the float32 mean bit for bit.
+    hvd.init()
+    f = float(size) if factor == "size" else factor
+    model = torch.nn.Linear(3, 1, bias=False)
+    opt = make_opt(model, gradient_predivide_factor=f)
+    assert opt.reducer.options["gradient_predivide_factor"] == f
+    xs = [torch.tensor([[1.0 + r, 2.0 * r - 3.0, 0.375 * (r + 1)]]) for r in range(size)]
+    model(xs[rank]).sum().backward()
+    opt.synchronize()
+    mean = torch.cat(xs).sum(0, keepdim=True) / size
+    assert torch.equal(model.weight.grad, mean), (f, model.weight.grad, mean)
+
+
+def test_gradient_predivide_factor_errors(rank, size):
+    hvd.init()
+    model = torch.nn.Linear(2, 1, bias=False)
+    with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op"):
+        make_opt(model, gradient_predivide_factor=2.0, op=hvd.Sum)
+    with pytest.raises(tutti.InvalidArgumentError, match="compressor 'fp16'"):
+        make_opt(model, gradient_predivide_factor=2.0, compression=hvd.Compression.fp16)
+    with pytest.raises(tutti.InvalidArgumentError, match="finite and > 0"):
+        make_opt(model, gradient_predivide_factor=0.0)

@@ -52,7 +52,8 @@ class GradSync:
     def __init__(self, named_parameters, *, process_set=None, compressor=None,
                  op=_C.ReduceOp.AVG, backward_passes_per_step=1, bucket_cap_mb=None,
                  name="dp", sync_in_backward=False, find_unused_parameters=False,
-                 static_graph=False, gradient_as_bucket_view=False):
+                 static_graph=False, gradient_as_bucket_view=False,
+                 gradient_predivide_factor=1.0):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self.group = group_or_world(process_set)
@@ -83,7 +84,8 @@ class GradSync:
                                   compressor=compressor, name=name,
                                   find_unused_parameters=find_unused_parameters,
                                   static_graph=static_graph,
-                                  gradient_as_bucket_view=gradient_as_bucket_view)
+                                  gradient_as_bucket_view=gradient_as_bucket_view,
+                                  gradient_predivide_factor=gradient_predivide_factor)
         # The compressor in use (None: plain all-reduce); a Stateful whose
         # state_dict() a checkpoint must carry.
         self.compressor = self.reducer.options["compressor"]

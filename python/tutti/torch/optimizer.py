@@ -15,7 +15,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     optimizer's own step() keep working)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 op, process_set, bucket_cap_mb, original, gradient_as_bucket_view):
+                 op, process_set, bucket_cap_mb, original, gradient_as_bucket_view,
+                 gradient_predivide_factor):
         super(self.__class__, self).__init__(params)
         if original.state:
             self.load_state_dict(original.state_dict())
@@ -42,7 +43,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                compressor=as_compressor(compression), op=op,
                                backward_passes_per_step=backward_passes_per_step,
                                bucket_cap_mb=bucket_cap_mb, name="DistributedOptimizer",
-                               gradient_as_bucket_view=gradient_as_bucket_view)
+                               gradient_as_bucket_view=gradient_as_bucket_view,
+                               gradient_predivide_factor=gradient_predivide_factor)
         self._should_synchronize = True
 
     @property
@@ -111,7 +113,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     data-parallel group of a ProcessMesh).  ``bucket_cap_mb``: fusion bucket
     size (default TUTTI_BUCKET_MB).  ``num_groups``/``groups`` are Horovod's
     manual fusion hints; tutti's bucketing replaces them and ignores them.
-    ``gradient_predivide_factor`` other than 1 and ``op=Adasum`` raise
+    ``gradient_predivide_factor=f`` (Horovod's): each rank's gradients are
+    divided by f before the sum and the sum by size / f after it (f = 1: sum,
+    then divide; f = size: divide first; see docs/data_parallel.md for which
+    is more accurate).  Needs ``op=Average`` (ValueError otherwise, as in
+    Horovod) and no compression (the cast compressors divide by the size
+    themselves; InvalidArgumentError).  ``op=Adasum`` raises
     UnsupportedError.  Sparse gradients are not supported (``sparse_as_dense``
     is accepted: gradients are always dense here).
     ``gradient_as_bucket_view=True``: every ``.grad`` is a view into the
@@ -121,12 +128,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     op = _resolve_op(None, op)
     if op not in (Average, _C.ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer: op must be Average or Sum, got {op}")
-    if gradient_predivide_factor != 1.0:
-        raise error(_C.UnsupportedError, "DistributedOptimizer: gradient_predivide_factor "
-                    "is not supported (the reducer divides once, after the sum)")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("DistributedOptimizer: gradient_predivide_factor not supported "
+                         f"with op != Average (got gradient_predivide_factor="
+                         f"{gradient_predivide_factor})")
     del num_groups, groups, sparse_as_dense
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, process_set, bucket_cap_mb, optimizer,
-               gradient_as_bucket_view)
+               gradient_as_bucket_view, gradient_predivide_factor)
