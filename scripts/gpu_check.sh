@@ -177,7 +177,7 @@ build_extension() {
     objs+=("$o")
     g++ -O2 -std=c++17 -fPIC -fvisibility=hidden $inc -I"$ROOT/include" -I"$ROOT/src" \
       -I"$ROOT/python/src" -I"$cuda_inc" -DTUTTI_WITH_CUDA=1 -DTUTTI_WITH_NCCL=1 \
-      -DTUTTI_PY_HAS_CHECKPOINT=1 -DTUTTI_PY_HAS_PREEMPTION=1 -c "$f" -o "$o" &
+      -c "$f" -o "$o" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || return 1; done

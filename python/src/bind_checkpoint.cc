@@ -1,7 +1,5 @@
 // Checkpoints: tutti.CheckpointManager over DLPack tensors and tutti
-// Stateful objects.  Compiled when the checkpoint layer is part of the tree
-// (include/tutti/checkpoint.h); otherwise the module has no
-// CheckpointManager and tutti.checkpoint says so.
+// Stateful objects.
 //
 // A checkpoint "component" is either a tutti Stateful (loss scaler,
 // compressor, tensor-parallel layer: its on_state_loaded() runs after a
@@ -10,15 +8,6 @@
 // the GIL; an async save copies the state before save() returns.
 #include "bindings.h"
 
-#ifndef TUTTI_PY_HAS_CHECKPOINT  // normally set by python/CMakeLists.txt
-#if __has_include("tutti/checkpoint.h")
-#define TUTTI_PY_HAS_CHECKPOINT 1
-#else
-#define TUTTI_PY_HAS_CHECKPOINT 0
-#endif
-#endif
-
-#if TUTTI_PY_HAS_CHECKPOINT
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -323,13 +312,3 @@ void bind_checkpoint(pyb::module_& m) {
 
 }  // namespace py
 }  // namespace tutti
-
-#else  // no checkpoint layer in this tree
-
-namespace tutti {
-namespace py {
-void bind_checkpoint(pybind11::module_&) {}
-}  // namespace py
-}  // namespace tutti
-
-#endif

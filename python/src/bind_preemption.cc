@@ -1,21 +1,11 @@
 // Preemption: tutti.PreemptionMonitor (signals, trigger file, AWS / GCP /
-// Azure metadata) and the collective stop decision.  Compiled when the
-// preemption layer is part of the tree (include/tutti/preemption.h).
+// Azure metadata) and the collective stop decision.
 //
 // exit_preempted() is not bound: the C++ function exits from inside the
 // interpreter; tutti.exit_preempted() (Python) closes checkpoint managers,
 // shuts tutti down and raises SystemExit(PREEMPTED_EXIT_CODE) instead.
 #include "bindings.h"
 
-#ifndef TUTTI_PY_HAS_PREEMPTION  // normally set by python/CMakeLists.txt
-#if __has_include("tutti/preemption.h")
-#define TUTTI_PY_HAS_PREEMPTION 1
-#else
-#define TUTTI_PY_HAS_PREEMPTION 0
-#endif
-#endif
-
-#if TUTTI_PY_HAS_PREEMPTION
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -148,13 +138,3 @@ void bind_preemption(pyb::module_& m) {
 
 }  // namespace py
 }  // namespace tutti
-
-#else  // no preemption layer in this tree
-
-namespace tutti {
-namespace py {
-void bind_preemption(pybind11::module_&) {}
-}  // namespace py
-}  // namespace tutti
-
-#endif

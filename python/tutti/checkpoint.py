@@ -26,9 +26,6 @@ fresh_start=FreshStart.REFUSE, file_mode=0o600, dir_mode=0o700)`` and
 on an AWS rebalance recommendation: save, keep training).  Checkpoints are safetensors shards plus a manifest
 (docs/checkpoint.md); ``tutti.torch.checkpoint`` saves a whole PyTorch
 training state.
-
-The classes exist when the C++ checkpoint/preemption layers are part of the
-build (``available()``); otherwise using them raises UnsupportedError.
 """
 import sys
 
@@ -36,40 +33,28 @@ from . import _C
 
 #: Exit code of a process that stopped on a preemption notice after its
 #: checkpoint committed (EX_TEMPFAIL); tutti-run restarts such a job.
-PREEMPTED_EXIT_CODE = getattr(_C, "PREEMPTED_EXIT_CODE", 75)
+PREEMPTED_EXIT_CODE = _C.PREEMPTED_EXIT_CODE
 
 
 def available():
-    """True when this build has the checkpoint and preemption layers."""
-    return hasattr(_C, "CheckpointManager") and hasattr(_C, "PreemptionMonitor")
+    """Always True: every build has the checkpoint and preemption layers
+    (kept for scripts written when they were optional)."""
+    return True
 
 
-def _missing(what):
-    def fail(*_args, **_kwargs):
-        raise _C.UnsupportedError(
-            f"{what}: this build of tutti has no checkpoint/preemption layer "
-            "(include/tutti/checkpoint.h and preemption.h were not part of the tree "
-            "it was built from)")
-    fail.__name__ = what
-    fail.__doc__ = f"{what}: not in this build (raises UnsupportedError)."
-    return fail
-
-
-CheckpointManager = getattr(_C, "CheckpointManager", None) or _missing("CheckpointManager")
-PreemptionMonitor = getattr(_C, "PreemptionMonitor", None) or _missing("PreemptionMonitor")
-NoticeKind = getattr(_C, "NoticeKind", None)
-PreemptionAction = getattr(_C, "PreemptionAction", None)
-FreshStart = getattr(_C, "FreshStart", None)
-list_checkpoints = getattr(_C, "list_checkpoints", None) or _missing("list_checkpoints")
-verify_checkpoint = getattr(_C, "verify_checkpoint", None) or _missing("verify_checkpoint")
+CheckpointManager = _C.CheckpointManager
+PreemptionMonitor = _C.PreemptionMonitor
+NoticeKind = _C.NoticeKind
+PreemptionAction = _C.PreemptionAction
+FreshStart = _C.FreshStart
+list_checkpoints = _C.list_checkpoints
+verify_checkpoint = _C.verify_checkpoint
 
 
 def close_all():
     """Waits for in-flight saves and closes every CheckpointManager (runs at
     exit, before tutti.shutdown())."""
-    close = getattr(_C, "_close_checkpoint_managers", None)
-    if close is not None:
-        close()
+    _C._close_checkpoint_managers()
 
 
 def exit_preempted():

@@ -6,14 +6,17 @@
 //      did not load: it is never renamed or removed), creates the
 //      directory, and broadcasts the choice;
 //   1. every rank writes its shard durably (shard_writer.h);
-//   2. the ranks allgather {ok, size, header checksum}: any failure raises
-//      on every rank, naming the ranks that failed;
+//   2. the ranks allgather a fixed-size report (ok, size, header checksum,
+//      tensor count, data bytes, step): any failure, or a rank that saved
+//      another step, raises on every rank, naming the ranks;
 //   3. rank 0 writes manifest.json (temp + fsync + rename + directory
 //      fsync; it names `parent`, the checkpoint this state continues) and
 //      then `latest`;
 //   4. rank 0 broadcasts whether the manifest is durable: every rank's save
 //      returns (or raises) only now;
 //   5. rank 0 applies retention to this timeline (retention.h).
+// commit.cc runs these as prepare (0), write-and-agree (1, 2), publish (3,
+// 4) and retain (5); the fault points of fault_inject.h sit between them.
 #pragma once
 
 #include <cstdint>

@@ -87,7 +87,8 @@ std::string describe_wire(const WireDesc& w) {
   std::ostringstream os;
   const auto kind = static_cast<CollectiveKind>(w.kind);
   if (w.kind > static_cast<uint8_t>(CollectiveKind::kRecv)) {
-    os << "split #" << w.seq;  // internal kinds (communicator splits)
+    // internal kinds (communicator splits)
+    os << (w.kind == kSplitSharedKind ? "node split #" : "split #") << w.seq;
     return os.str();
   }
   os << collective_kind_name(kind) << " #" << w.seq;

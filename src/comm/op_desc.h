@@ -25,6 +25,12 @@ struct WireDesc {
 };
 static_assert(sizeof(WireDesc) == 32, "WireDesc is exchanged as raw bytes");
 
+// Internal kinds of WireDesc (communicator splits), above every
+// CollectiveKind: a split of one rank against a node split of another is a
+// mismatch.
+constexpr uint8_t kSplitKind = 200;
+constexpr uint8_t kSplitSharedKind = 201;
+
 WireDesc make_wire(const OpRequest& r, uint64_t seq);
 // A 64-bit hash of every field (seq included).
 uint64_t fingerprint(const WireDesc& w);

@@ -4,6 +4,11 @@
 //                            status queries: "never arrived")
 //   timeout_probe frozen     rank 1 stops itself with SIGSTOP ("did not
 //                            answer")
+//   timeout_probe split      as straggler, but the others run a node split
+//                            (ProcessGroup::node_group of a fresh group:
+//                            init() made the world's) instead of an
+//                            allreduce; unchecked and unbounded, it blocked
+//                            in MPI_Comm_split_type until mpiexec killed it
 // Each rank that sees the expected error prints "PROBE-OK rank R: <message>".
 #include <signal.h>
 #include <unistd.h>
@@ -19,6 +24,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "straggler";
   tutti::init();
   auto w = tutti::world();
+  if (mode == "split") w = w->split_group(0, w->rank(), "probe");
   const int rank = w->rank();
   std::vector<float> v(1000, 1.0f);
   if (rank == 1) {
@@ -30,14 +36,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    w->allreduce(tutti::Tensor::of(v), tutti::ReduceOp::kSum, {"probe"});
-    std::printf("PROBE-FAIL rank %d: the allreduce completed\n", rank);
+    if (mode == "split")
+      w->node_group();
+    else
+      w->allreduce(tutti::Tensor::of(v), tutti::ReduceOp::kSum, {"probe"});
+    std::printf("PROBE-FAIL rank %d: the %s completed\n", rank,
+                mode == "split" ? "node split" : "allreduce");
   } catch (const tutti::Error& e) {
     const std::string m = e.what();
     const char* want = mode == "frozen" ? "did not answer" : "never arrived: rank 1";
+    const bool op_named = mode == "split" ? m.find("node split #") != std::string::npos
+                                          : m.find("allreduce #") != std::string::npos &&
+                                                m.find("'probe'") != std::string::npos;
     if (e.code() == tutti::ErrorCode::kTimeout && m.find(want) != std::string::npos &&
-        m.find("allreduce #") != std::string::npos &&
-        m.find("'probe'") != std::string::npos)
+        op_named)
       std::printf("PROBE-OK rank %d: %s\n", rank, m.c_str());
     else
       std::printf("PROBE-FAIL rank %d: unexpected error: %s\n", rank, m.c_str());

@@ -21,9 +21,6 @@ import tutti
 torch = pytest.importorskip("torch")
 import tutti.torch as hvd  # noqa: E402
 
-if not tutti.checkpoint.available():
-    pytest.skip("this build has no checkpoint/preemption layer", allow_module_level=True)
-
 
 @pytest.fixture
 def ckpt_dir(world):

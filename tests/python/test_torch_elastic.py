@@ -16,9 +16,6 @@ torch = pytest.importorskip("torch")
 import tutti  # noqa: E402
 import tutti.torch as hvd  # noqa: E402
 
-if not tutti.checkpoint.available():
-    pytest.skip("this build has no checkpoint/preemption layer", allow_module_level=True)
-
 from tutti.torch.elastic import _runtime  # noqa: E402
 from tutti.torch.elastic.state import _decode, _encode  # noqa: E402
 

@@ -3,6 +3,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "comm/cpu_work.h"
@@ -18,9 +19,6 @@ namespace mpi {
 namespace {
 
 using comm::CpuWork;
-
-// Internal op kind for split (not a public CollectiveKind).
-constexpr uint8_t kSplitKind = 200;
 
 // Largest element count passed to one MPI call (counts are int).
 constexpr int64_t kMaxChunk = int64_t{1} << 30;
@@ -502,7 +500,7 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
     if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
       comm::WireDesc w;
       w.seq = seq;
-      w.kind = kSplitKind;
+      w.kind = comm::kSplitKind;
       check_agreement(check_, w, false, desc, Deadline(timeout), [&] {
         fail_timeout(desc, seq, timeout, "agreeing on the operation");
       });
@@ -523,15 +521,53 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
     const std::string& name) {
   std::shared_ptr<MpiCommunicator> child;
   run_ordered([&] {
-    ++next_seq_;
+    // Numbered, checked and bounded like split_mpi: a rank that runs
+    // another op here gets kMismatch, one that never arrives kTimeout.
+    const uint64_t seq = ++next_seq_;
+    const comm::OpLabel desc(detail::cat("node split #", seq, " of group '", name_, "'"));
+    if (closed_ || poisoned_)
+      TUTTI_THROW(kAborted, desc, ": communicator is unusable");
+    // Peers' status queries see this rank arrive (a stalled peer's report
+    // names the ranks that never did).
+    progress_->entered = seq;
+    struct Done {
+      CommProgress& p;
+      uint64_t seq;
+      ~Done() { p.completed = seq; }
+    } done{*progress_, seq};
+    const double timeout = config::get_double("TUTTI_TIMEOUT");
+    const Deadline deadline(timeout);
+    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
+      comm::WireDesc w;
+      w.seq = seq;
+      w.kind = comm::kSplitSharedKind;
+      check_agreement(check_, w, false, desc, deadline, [&] {
+        fail_timeout(desc, seq, timeout, "agreeing on the operation");
+      });
+    }
     const uint32_t index = splits_++;
     MPI_Comm out = MPI_COMM_NULL;
     TUTTI_MPI_CHECK(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_,
                                         MPI_INFO_NULL, &out));
     // The node's lowest world rank makes the id the same on its members
-    // and different across nodes.
-    int lowest = world_ranks_[rank_];
-    MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, out);
+    // and different across nodes.  The buffer is on the heap: after a
+    // timeout the request stays pending and MPI may still write it (leaked
+    // on purpose, as AgreementCheck's).
+    auto lowest_buf = std::make_unique<int>(world_ranks_[rank_]);
+    try {
+      TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN));
+      MPI_Request req = MPI_REQUEST_NULL;
+      TUTTI_MPI_CHECK(
+          MPI_Iallreduce(MPI_IN_PLACE, lowest_buf.get(), 1, MPI_INT, MPI_MIN, out, &req));
+      if (!wait(&req, deadline)) {
+        (void)lowest_buf.release();
+        fail_timeout(desc, seq, timeout, "naming the node group");
+      }
+    } catch (...) {
+      MPI_Comm_free(&out);  // freed by MPI once a pending request completes
+      throw;
+    }
+    const int lowest = *lowest_buf;
     child = std::make_shared<MpiCommunicator>(
         out, name, mix_id(comm_id_, index, static_cast<uint64_t>(lowest) + 7));
   });
