@@ -35,9 +35,7 @@ class HierarchicalAllreduce {
   int64_t padded_numel(int64_t numel) const;
   // Elements of the per-bucket shard buffer (0 in the unequal scheme).
   int64_t shard_numel(int64_t padded) const;
-  bool equal_nodes() const { return equal_; }
   int local_size() const { return node_->size(); }
-  int num_nodes() const { return nodes_; }
 
   // Sums `bucket` (padded_numel elements) over the group in place, using
   // `shard` (shard_numel elements) as scratch.  Blocking; CUDA: ordered on

@@ -53,10 +53,6 @@ def ckpt_dir():
 def manager():
     """The CheckpointManager commits go to (made on first use, collective)."""
     if _objects["manager"] is None:
-        if not _ckpt.available():
-            raise error(_C.UnsupportedError,
-                        "tutti.torch.elastic: this build has no checkpoint layer, and elastic "
-                        "state is committed as tutti checkpoints")
         path = ckpt_dir()
         if not path:
             raise error(_C.InvalidArgumentError,
@@ -73,8 +69,6 @@ def monitor():
     """The PreemptionMonitor (made on first use: it installs the signal
     handlers, so SIGUSR1 from tutti-run becomes a notice, not a death)."""
     if _objects["monitor"] is None:
-        if not _ckpt.available():
-            return None
         try:
             _objects["monitor"] = _ckpt.PreemptionMonitor()
         except _C.InvalidArgumentError as e:
