@@ -117,6 +117,8 @@ const std::vector<SettingInfo> kSettings = {
      "abandoned checkpoints in the directory, or a tutti-run restart in a "
      "directory no job used before), allow (always start fresh) or refuse "
      "(an error: the job must resume)."},
+    {"TUTTI_MPIRUN", "string", "mpirun",
+     "Read by tutti-run only: the MPI launcher it runs (--mpirun overrides)."},
     {"TUTTI_RESTART_COUNT", "int", "0",
      "Set by tutti-run: how many times it restarted the job (0 on the first "
      "run)."},
