@@ -577,11 +577,12 @@ void BucketCompressor::resize_residual(int id, const PerRankResize& r) {
 }
 
 void BucketCompressor::on_state_loaded() {
+  // Bad loaded state is kCorrupt, as in the loss scaler's on_state_loaded.
   for (auto& kv : buckets_)
-    TUTTI_CHECK(std::isfinite(kv.second.grad_scale) && kv.second.grad_scale > 0.0f,
-                name_, " compressor: loaded state ",
-                state_name(kv.first, "grad_scale"), " = ", kv.second.grad_scale,
-                "; expected a finite positive gradient scale");
+    if (!(std::isfinite(kv.second.grad_scale) && kv.second.grad_scale > 0.0f))
+      TUTTI_THROW(kCorrupt, name_, " compressor: loaded state ",
+                  state_name(kv.first, "grad_scale"), " = ", kv.second.grad_scale,
+                  "; expected a finite positive gradient scale");
 }
 
 CompressStats BucketCompressor::stats() const {

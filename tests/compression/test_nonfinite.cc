@@ -131,6 +131,25 @@ TEST_P(ErrorFeedback, BadGradientScaleIsAnError) {
   }
 }
 
+// A loaded gradient scale that is not finite and positive is bad state from
+// the file: kCorrupt, as the loss scaler reports its own.
+TEST_P(ErrorFeedback, LoadedBadGradientScaleIsCorrupt) {
+  auto c = make();
+  step(*c, 0);
+  const std::string name = "compressor/" + algo() + "/bucket0/grad_scale";
+  for (float bad : {0.0f, -2.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    for (const NamedTensor& nt : c->state_dict())
+      if (nt.name == name) *static_cast<float*>(nt.tensor.data()) = bad;
+    try {
+      c->on_state_loaded();
+      ADD_FAILURE() << "loaded gradient scale " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
 std::string name(const ::testing::TestParamInfo<Param>& p) {
   return std::get<0>(p.param) + "_" + dtype_name(std::get<1>(p.param));
 }
