@@ -33,10 +33,11 @@ CommunicatorPtr ProcessGroup::cuda_communicator(int device) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->cuda.find(device);
   if (it != impl_->cuda.end()) return it->second;
-  TUTTI_ARG_CHECK(cuda_built(), "a tensor on cuda:", device, " reached group '",
-                  impl_->name,
-                  "', but this build of tutti has no CUDA support (rebuild "
-                  "with -DTUTTI_WITH_CUDA=ON)");
+  if (!cuda_built())  // kUnsupported, as every CUDA-without-CUDA site
+    TUTTI_THROW(kUnsupported, "a tensor on cuda:", device, " reached group '",
+                impl_->name,
+                "', but this build of tutti has no CUDA support (rebuild "
+                "with -DTUTTI_WITH_CUDA=ON)");
   TUTTI_ARG_CHECK(config::get_bool("TUTTI_NCCL"), "a tensor on cuda:", device,
                   " reached group '", impl_->name,
                   "', but TUTTI_NCCL=0 disables the NCCL backend");

@@ -376,9 +376,9 @@ void BucketCompressor::setup(const BucketLayout& layout) {
                   "; gradient compression needs float32, float64, float16 or "
                   "bfloat16");
 #if !TUTTI_WITH_CUDA
-  TUTTI_ARG_CHECK(!layout.device.is_cuda(), name_, " compressor: bucket ",
-                  layout.id, " is on ", layout.device.str(),
-                  " but this build of tutti has no CUDA support");
+  if (layout.device.is_cuda())
+    TUTTI_THROW(kUnsupported, name_, " compressor: bucket ", layout.id, " is on ",
+                layout.device.str(), " but this build of tutti has no CUDA support");
 #endif
   int64_t end = 0;
   for (const auto& s : layout.slots) {
