@@ -29,6 +29,8 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import demo_report  # noqa: E402
 
 
 def say(msg):
@@ -58,26 +60,16 @@ def follow(log, notice, notice_step, state):
     """Issues the spot notice once training passes `notice_step`, and
     withdraws it once the job has saved and exited, so the restarted job runs
     to the end (a real replacement instance gets no notice either)."""
-    pos = 0
-    while not state["stop"]:
-        if os.path.exists(log):
-            with open(log) as f:
-                f.seek(pos)
-                for line in f:
-                    if not line.endswith("\n"):
-                        break
-                    pos += len(line)
-                    rec = json.loads(line)
-                    if "step" in rec and "event" not in rec and not state["issued"] \
-                            and rec["step"] >= notice_step:
-                        open(notice, "w").write("terminate\n")
-                        state["issued"] = True
-                        say(f"the mock AWS metadata endpoint now announces a spot interruption "
-                            f"(training is at step {rec['step']})")
-                    if rec.get("event") == "exit" and state["issued"] and os.path.exists(notice):
-                        os.remove(notice)
-                        say("job saved and exited with 75; tutti-run restarts it on a 'new instance'")
-        time.sleep(0.05)
+    for rec in demo_report.follow_records(log, state):
+        if "step" in rec and "event" not in rec and not state["issued"] \
+                and rec["step"] >= notice_step:
+            open(notice, "w").write("terminate\n")
+            state["issued"] = True
+            say(f"the mock AWS metadata endpoint now announces a spot interruption "
+                f"(training is at step {rec['step']})")
+        if rec.get("event") == "exit" and state["issued"] and os.path.exists(notice):
+            os.remove(notice)
+            say("job saved and exited with 75; tutti-run restarts it on a 'new instance'")
 
 
 def train(args, out, name, env, extra_env, log, final, ckpt):

@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -46,48 +45,37 @@ def follow(log, notice, fleet, args, state, say):
     """Drives the scenario from the job's log: the notice (and the host
     leaving the fleet) at --notice-at of the run; its withdrawal once the job
     exited; the replacement host after --grow-after steps at the small size."""
-    pos, small = 0, args.np // 2
+    small = args.np // 2
     notice_step = int(args.steps * args.notice_at)
-    while not state["stop"]:
-        if not os.path.exists(log):
-            time.sleep(0.05)
-            continue
-        with open(log) as f:
-            f.seek(pos)
-            for line in f:
-                if not line.endswith("\n"):
-                    break
-                pos += len(line)
-                rec = json.loads(line)
-                ev = rec.get("event")
-                if ev is None and state["phase"] == 0 and rec["step"] >= notice_step:
-                    with open(notice, "w") as n:
-                        n.write("terminate\n")
-                    write_fleet(fleet, small)
-                    state["phase"] = 1
-                    say(f"step {rec['step']}: the mock AWS endpoint announces a spot interruption "
-                        f"of one host; the fleet loses its {args.np - small} slots "
-                        f"(discovery now prints localhost:{small})")
-                elif ev == "exit" and state["phase"] == 1:
-                    if os.path.exists(notice):
-                        os.remove(notice)
-                    state["phase"] = 2
-                    say(f"the job saved step {rec['step']} and exited with 75; tutti-run restarts "
-                        f"it on the {small} slots left")
-                elif ev == "resume" and state["phase"] == 2 and rec["world"] == small:
-                    state["phase"] = 3
-                    state["small_from"] = rec["step"]
-                elif ev is None and state["phase"] == 3 and \
-                        rec["step"] >= state["small_from"] + args.grow_after:
-                    write_fleet(fleet, args.np)
-                    state["phase"] = 4
-                    say(f"step {rec['step']}: a replacement host joins the fleet (discovery prints "
-                        f"localhost:{args.np}); tutti-run will ask the job to save and exit, then "
-                        f"restart it at {args.np} ranks")
-                elif ev == "resume" and state["phase"] == 4 and rec["world"] == args.np:
-                    state["phase"] = 5
-                    say(f"resumed at {args.np} ranks from step {rec['step']}")
-        time.sleep(0.05)
+    for rec in demo_report.follow_records(log, state):
+        ev = rec.get("event")
+        if ev is None and state["phase"] == 0 and rec["step"] >= notice_step:
+            with open(notice, "w") as n:
+                n.write("terminate\n")
+            write_fleet(fleet, small)
+            state["phase"] = 1
+            say(f"step {rec['step']}: the mock AWS endpoint announces a spot interruption "
+                f"of one host; the fleet loses its {args.np - small} slots "
+                f"(discovery now prints localhost:{small})")
+        elif ev == "exit" and state["phase"] == 1:
+            if os.path.exists(notice):
+                os.remove(notice)
+            state["phase"] = 2
+            say(f"the job saved step {rec['step']} and exited with 75; tutti-run restarts "
+                f"it on the {small} slots left")
+        elif ev == "resume" and state["phase"] == 2 and rec["world"] == small:
+            state["phase"] = 3
+            state["small_from"] = rec["step"]
+        elif ev is None and state["phase"] == 3 and \
+                rec["step"] >= state["small_from"] + args.grow_after:
+            write_fleet(fleet, args.np)
+            state["phase"] = 4
+            say(f"step {rec['step']}: a replacement host joins the fleet (discovery prints "
+                f"localhost:{args.np}); tutti-run will ask the job to save and exit, then "
+                f"restart it at {args.np} ranks")
+        elif ev == "resume" and state["phase"] == 4 and rec["world"] == args.np:
+            state["phase"] = 5
+            say(f"resumed at {args.np} ranks from step {rec['step']}")
 
 
 def dp_train_args(args, out, ckpt, final):

@@ -11,7 +11,9 @@ sample was repeated or skipped (exit 1 if one was).
 """
 import argparse
 import json
+import os
 import sys
+import time
 
 
 def load(path):
@@ -24,6 +26,22 @@ def load(path):
             rec = json.loads(line)
             (events if "event" in rec else steps).append(rec)
     return steps, events
+
+
+def follow_records(path, state, pause=0.05):
+    """Yields the JSON records appended to the growing log `path`, complete
+    lines only, until state["stop"] is set (the demos' scenario drivers)."""
+    pos = 0
+    while not state["stop"]:
+        if os.path.exists(path):
+            with open(path) as f:
+                f.seek(pos)
+                for line in f:
+                    if not line.endswith("\n"):
+                        break
+                    pos += len(line)
+                    yield json.loads(line)
+        time.sleep(pause)
 
 
 def check_samples(path, steps=None, global_batch=None):
