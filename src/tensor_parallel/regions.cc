@@ -79,25 +79,22 @@ void copy_to_tp_forward(const ProcessMesh& mesh, const Tensor& input,
 
 void copy_to_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
                          const Tensor& grad_input, const RegionOptions& o) {
-  tp::fail_fast(*mesh.impl(), grad_output.device(),
-                label("copy_to_tp backward", o), [&] {
-                  const std::string owner = label("copy_to_tp backward", o);
-                  check_same(grad_output, grad_input, owner);
-                  tp::copy_tensor(grad_input, grad_output, o.stream);
-                  tp::allreduce(*mesh.impl(), grad_input, ReduceOp::kSum, owner,
-                                o.stream);
-                });
+  const std::string owner = label("copy_to_tp backward", o);
+  tp::fail_fast(*mesh.impl(), grad_output.device(), owner, [&] {
+    check_same(grad_output, grad_input, owner);
+    tp::copy_tensor(grad_input, grad_output, o.stream);
+    tp::allreduce(*mesh.impl(), grad_input, ReduceOp::kSum, owner, o.stream);
+  });
 }
 
 void reduce_from_tp_forward(const ProcessMesh& mesh, const Tensor& input,
                             const Tensor& output, const RegionOptions& o) {
-  tp::fail_fast(
-      *mesh.impl(), input.device(), label("reduce_from_tp forward", o), [&] {
-        const std::string owner = label("reduce_from_tp forward", o);
-        check_same(input, output, owner);
-        tp::copy_tensor(output, input, o.stream);
-        tp::allreduce(*mesh.impl(), output, ReduceOp::kSum, owner, o.stream);
-      });
+  const std::string owner = label("reduce_from_tp forward", o);
+  tp::fail_fast(*mesh.impl(), input.device(), owner, [&] {
+    check_same(input, output, owner);
+    tp::copy_tensor(output, input, o.stream);
+    tp::allreduce(*mesh.impl(), output, ReduceOp::kSum, owner, o.stream);
+  });
 }
 
 void reduce_from_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
@@ -112,14 +109,13 @@ void reduce_from_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
 
 void gather_from_tp_forward(const ProcessMesh& mesh, const Tensor& input,
                             const Tensor& output, const RegionOptions& o) {
-  tp::fail_fast(
-      *mesh.impl(), input.device(), label("gather_from_tp forward", o), [&] {
-        const std::string owner = label("gather_from_tp forward", o);
-        Pair v = check_pair(mesh, input, output, Split::kLast, owner);
-        MeshImpl& m = *mesh.impl();
-        std::lock_guard<std::mutex> lock(m.region_mu);
-        tp::allgather_cols(m, m.region_ws, 0, v.part, v.whole, owner, o.stream);
-      });
+  const std::string owner = label("gather_from_tp forward", o);
+  tp::fail_fast(*mesh.impl(), input.device(), owner, [&] {
+    Pair v = check_pair(mesh, input, output, Split::kLast, owner);
+    MeshImpl& m = *mesh.impl();
+    std::lock_guard<std::mutex> lock(m.region_mu);
+    tp::allgather_cols(m, m.region_ws, 0, v.part, v.whole, owner, o.stream);
+  });
 }
 
 void gather_from_tp_backward(const ProcessMesh& mesh, const Tensor& grad_output,
@@ -160,58 +156,46 @@ void gather_from_sequence_parallel_forward(const ProcessMesh& mesh,
                                            const Tensor& input,
                                            const Tensor& output,
                                            const RegionOptions& o) {
-  tp::fail_fast(
-      *mesh.impl(), input.device(),
-      label("gather_from_sequence_parallel forward", o), [&] {
-        const std::string owner =
-            label("gather_from_sequence_parallel forward", o);
-        Pair v = check_pair(mesh, input, output, Split::kFirst, owner);
-        tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
-      });
+  const std::string owner = label("gather_from_sequence_parallel forward", o);
+  tp::fail_fast(*mesh.impl(), input.device(), owner, [&] {
+    Pair v = check_pair(mesh, input, output, Split::kFirst, owner);
+    tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+  });
 }
 
 void gather_from_sequence_parallel_backward(const ProcessMesh& mesh,
                                             const Tensor& grad_output,
                                             const Tensor& grad_input,
                                             const RegionOptions& o) {
-  tp::fail_fast(
-      *mesh.impl(), grad_output.device(),
-      label("gather_from_sequence_parallel backward", o), [&] {
-        const std::string owner =
-            label("gather_from_sequence_parallel backward", o);
-        Pair v =
-            check_pair(mesh, grad_input, grad_output, Split::kFirst, owner);
-        tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
-      });
+  const std::string owner = label("gather_from_sequence_parallel backward", o);
+  tp::fail_fast(*mesh.impl(), grad_output.device(), owner, [&] {
+    Pair v = check_pair(mesh, grad_input, grad_output, Split::kFirst, owner);
+    tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
+  });
 }
 
 void reduce_scatter_to_sequence_parallel_forward(const ProcessMesh& mesh,
                                                  const Tensor& input,
                                                  const Tensor& output,
                                                  const RegionOptions& o) {
-  tp::fail_fast(
-      *mesh.impl(), input.device(),
-      label("reduce_scatter_to_sequence_parallel forward", o), [&] {
-        const std::string owner =
-            label("reduce_scatter_to_sequence_parallel forward", o);
-        Pair v = check_pair(mesh, output, input, Split::kFirst, owner);
-        tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
-      });
+  const std::string owner =
+      label("reduce_scatter_to_sequence_parallel forward", o);
+  tp::fail_fast(*mesh.impl(), input.device(), owner, [&] {
+    Pair v = check_pair(mesh, output, input, Split::kFirst, owner);
+    tp::reduce_scatter_rows(*mesh.impl(), v.whole, v.part, owner, o.stream);
+  });
 }
 
 void reduce_scatter_to_sequence_parallel_backward(const ProcessMesh& mesh,
                                                   const Tensor& grad_output,
                                                   const Tensor& grad_input,
                                                   const RegionOptions& o) {
-  tp::fail_fast(
-      *mesh.impl(), grad_output.device(),
-      label("reduce_scatter_to_sequence_parallel backward", o), [&] {
-        const std::string owner =
-            label("reduce_scatter_to_sequence_parallel backward", o);
-        Pair v =
-            check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
-        tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
-      });
+  const std::string owner =
+      label("reduce_scatter_to_sequence_parallel backward", o);
+  tp::fail_fast(*mesh.impl(), grad_output.device(), owner, [&] {
+    Pair v = check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
+    tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+  });
 }
 
 void scatter_to_sequence_parallel_forward(const ProcessMesh& mesh,
@@ -231,15 +215,11 @@ void scatter_to_sequence_parallel_backward(const ProcessMesh& mesh,
                                            const Tensor& grad_output,
                                            const Tensor& grad_input,
                                            const RegionOptions& o) {
-  tp::fail_fast(
-      *mesh.impl(), grad_output.device(),
-      label("scatter_to_sequence_parallel backward", o), [&] {
-        const std::string owner =
-            label("scatter_to_sequence_parallel backward", o);
-        Pair v =
-            check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
-        tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
-      });
+  const std::string owner = label("scatter_to_sequence_parallel backward", o);
+  tp::fail_fast(*mesh.impl(), grad_output.device(), owner, [&] {
+    Pair v = check_pair(mesh, grad_output, grad_input, Split::kFirst, owner);
+    tp::allgather_rows(*mesh.impl(), v.part, v.whole, owner, o.stream);
+  });
 }
 
 }  // namespace tutti
