@@ -15,6 +15,7 @@
 #include "tutti/error.h"
 #include "tutti/log.h"
 #include "tutti/mesh.h"
+#include "tutti/optim.h"
 #include "tutti/preemption.h"
 #include "tutti/process_group.h"
 #include "tutti/state.h"

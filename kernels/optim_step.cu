@@ -1,0 +1,105 @@
+// Fused optimizer step over up to OptTable::kMaxBlocks chunks of up to
+// kMaxTensors parameters.  Each block owns one 64 Ki-element chunk of one
+// parameter, so its dtypes and pointers are uniform and the switches below
+// do not diverge.  Threads stride through the chunk (consecutive threads,
+// consecutive elements: coalesced), read every input once and write every
+// output once.  The arithmetic is optim_math.h with correctly rounded
+// intrinsics, identical to the host loop.
+#include "kernels/optim_step.h"
+
+#include "core/check.h"
+#include "core/cuda_utils.h"
+#include "kernels/amp_elementwise.cuh"
+
+namespace tutti {
+namespace optim {
+namespace {
+
+constexpr int kThreads = 512;
+
+template <typename G>
+__device__ __forceinline__ float load_grad(const void* p, int64_t i) {
+  return amp::dev::widen(static_cast<const G*>(p)[i]);
+}
+
+__device__ __forceinline__ void store_copy(void* p, uint8_t dtype, int64_t i,
+                                           float v) {
+  switch (dtype) {
+    case amp::kMtaF32: static_cast<float*>(p)[i] = v; break;
+    case amp::kMtaF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+  }
+}
+
+template <typename G>
+__device__ void step_chunk(const OptTable& t, const Coeffs& c, int slot,
+                           int64_t begin, int64_t end) {
+  float* const param = t.param[slot];
+  const void* const grad = t.grad[slot];
+  float* const s0 = t.state0[slot];
+  float* const s1 = t.state1[slot];
+  void* const copy = t.copy[slot];
+  const uint8_t copy_dtype = t.copy_dtype[slot];
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    float p = param[i];
+    const float g = __fmul_rn(load_grad<G>(grad, i), c.grad_scale);
+    if (c.kind == 0) {
+      float buf = (s0 && !c.first) ? s0[i] : 0.f;
+      sgd_update(c, p, g, buf);
+      if (s0) s0[i] = buf;
+    } else {
+      float m = s0[i], v = s1[i];
+      adam_update(c, p, g, m, v);
+      s0[i] = m;
+      s1[i] = v;
+    }
+    param[i] = p;
+    if (copy) store_copy(copy, copy_dtype, i, p);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    optim_step_kernel(const OptTable t, const Coeffs c) {
+  const int slot = t.block_slot[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * OptTable::kChunk;
+  const int64_t n = t.numel[slot];
+  const int64_t end = begin + OptTable::kChunk < n ? begin + OptTable::kChunk : n;
+  switch (t.grad_dtype[slot]) {
+    case amp::kMtaF32: step_chunk<float>(t, c, slot, begin, end); break;
+    case amp::kMtaF16: step_chunk<__half>(t, c, slot, begin, end); break;
+    default: step_chunk<__nv_bfloat16>(t, c, slot, begin, end); break;
+  }
+}
+
+}  // namespace
+
+void launch_optim_step(const OptTable& t, const Coeffs& c, cudaStream_t stream) {
+  TUTTI_ARG_CHECK(t.n_blocks > 0 && t.n_blocks <= OptTable::kMaxBlocks,
+                  "optim_step: ", t.n_blocks, " blocks (1..", OptTable::kMaxBlocks, ")");
+  TUTTI_ARG_CHECK(t.n_tensors > 0 && t.n_tensors <= OptTable::kMaxTensors,
+                  "optim_step: ", t.n_tensors, " tensors (1..", OptTable::kMaxTensors, ")");
+  TUTTI_ARG_CHECK(c.kind <= 2, "optim_step: optimizer kind code ", int(c.kind));
+  for (int b = 0; b < t.n_blocks; ++b)
+    TUTTI_ARG_CHECK(t.block_slot[b] < t.n_tensors, "optim_step: block ", b,
+                    " names slot ", int(t.block_slot[b]), " of ", t.n_tensors);
+  const bool needs_s0 = c.kind != 0 || c.has_momentum;
+  for (int s = 0; s < t.n_tensors; ++s) {
+    TUTTI_ARG_CHECK(t.grad_dtype[s] <= amp::kMtaBF16 && t.copy_dtype[s] <= amp::kMtaBF16,
+                    "optim_step: slot ", s, " has dtype codes ", int(t.grad_dtype[s]),
+                    "/", int(t.copy_dtype[s]));
+    TUTTI_ARG_CHECK(t.param[s] && t.grad[s] && (t.state0[s] || !needs_s0) &&
+                        (t.state1[s] || c.kind == 0),
+                    "optim_step: slot ", s, " lacks a parameter, gradient or state "
+                    "pointer the step needs");
+  }
+  optim_step_kernel<<<t.n_blocks, kThreads, 0, stream>>>(t, c);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    TUTTI_THROW(kCuda, "optim_step: launch of ", t.n_blocks, " blocks over ",
+                t.n_tensors, " tensors (kind ", int(c.kind), ") failed: ",
+                cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  TUTTI_LAUNCH_CHECK(stream);  // the device discipline (TUTTI_CHECK_DEVICE)
+}
+
+}  // namespace optim
+}  // namespace tutti
