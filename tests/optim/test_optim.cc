@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "optim/cpu_optim.h"
+#include "optim_test_util.h"
 #include "tutti/error.h"
 #include "tutti/optim.h"
 
@@ -142,26 +143,7 @@ bool same_bits(const Vec& a, const Vec& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-std::vector<Hyper> hyper_grid() {
-  std::vector<Hyper> out;
-  Hyper s;
-  s.kind = Kind::kSgd;
-  s.lr = 0.1f;
-  s.momentum = 0.9f;
-  s.weight_decay = 0.01f;
-  out.push_back(s);
-  s.nesterov = true;
-  s.maximize = true;
-  out.push_back(s);
-  Hyper a;
-  a.weight_decay = 0.05f;
-  out.push_back(a);
-  a.kind = Kind::kAdamW;
-  a.beta1 = 0.3f;  // the other lerp branch
-  a.maximize = true;
-  out.push_back(a);
-  return out;
-}
+using test::hyper_grid;
 
 TEST(OptimLanes, VectorMatchesScalarBitForBit) {
   if (!cpu_step_vectorised()) GTEST_SKIP() << "no AVX2+FMA on this CPU";

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/optim_step.h"
+#include "optim_test_util.h"
 
 namespace tutti {
 namespace optim {
@@ -136,29 +137,6 @@ void expect_same(const Case& k, const char* what) {
   }
 }
 
-std::vector<Hyper> kinds() {
-  std::vector<Hyper> out;
-  Hyper s;
-  s.kind = Kind::kSgd;
-  s.lr = 0.05f;
-  s.momentum = 0.9f;
-  s.dampening = 0.1f;
-  s.weight_decay = 1e-3f;
-  out.push_back(s);
-  s.dampening = 0;
-  s.nesterov = true;
-  s.maximize = true;
-  out.push_back(s);
-  Hyper a;
-  a.weight_decay = 0.01f;
-  out.push_back(a);
-  a.kind = Kind::kAdamW;
-  a.beta1 = 0.3f;
-  a.maximize = true;
-  out.push_back(a);
-  return out;
-}
-
 TEST(GpuOptim, ManyParametersMixedDtypesMatchHostBitForBit) {
   std::mt19937 rng(3);
   const int64_t c = OptTable::kChunk;
@@ -166,7 +144,7 @@ TEST(GpuOptim, ManyParametersMixedDtypesMatchHostBitForBit) {
   while (sizes.size() < 150) sizes.push_back(rng() % 2000);  // > 3 launches of slots
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
-  for (const Hyper& base : kinds()) {
+  for (const Hyper& base : test::hyper_grid()) {
     Case k;
     build(&k, sizes, &rng, true);
     for (int t = 1; t <= 3; ++t) {
