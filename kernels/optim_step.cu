@@ -31,15 +31,13 @@ __device__ __forceinline__ void store_copy(void* p, uint8_t dtype, int64_t i,
   }
 }
 
+// One chunk [begin, end) of one parameter.  Everything arrives by value:
+// taking the address of the kernel's argument table could make the compiler
+// copy its 4 KiB to local memory.
 template <typename G>
-__device__ void step_chunk(const OptTable& t, const Coeffs& c, int slot,
-                           int64_t begin, int64_t end) {
-  float* const param = t.param[slot];
-  const void* const grad = t.grad[slot];
-  float* const s0 = t.state0[slot];
-  float* const s1 = t.state1[slot];
-  void* const copy = t.copy[slot];
-  const uint8_t copy_dtype = t.copy_dtype[slot];
+__device__ __forceinline__ void step_chunk(float* param, const void* grad, float* s0,
+                                          float* s1, void* copy, uint8_t copy_dtype,
+                                          const Coeffs c, int64_t begin, int64_t end) {
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     float p = param[i];
     const float g = __fmul_rn(load_grad<G>(grad, i), c.grad_scale);
@@ -64,10 +62,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * OptTable::kChunk;
   const int64_t n = t.numel[slot];
   const int64_t end = begin + OptTable::kChunk < n ? begin + OptTable::kChunk : n;
+  float* const param = t.param[slot];
+  const void* const grad = t.grad[slot];
+  float* const s0 = t.state0[slot];
+  float* const s1 = t.state1[slot];
+  void* const copy = t.copy[slot];
+  const uint8_t cd = t.copy_dtype[slot];
   switch (t.grad_dtype[slot]) {
-    case amp::kMtaF32: step_chunk<float>(t, c, slot, begin, end); break;
-    case amp::kMtaF16: step_chunk<__half>(t, c, slot, begin, end); break;
-    default: step_chunk<__nv_bfloat16>(t, c, slot, begin, end); break;
+    case amp::kMtaF32: step_chunk<float>(param, grad, s0, s1, copy, cd, c, begin, end); break;
+    case amp::kMtaF16: step_chunk<__half>(param, grad, s0, s1, copy, cd, c, begin, end); break;
+    default: step_chunk<__nv_bfloat16>(param, grad, s0, s1, copy, cd, c, begin, end); break;
   }
 }
 

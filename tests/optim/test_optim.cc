@@ -200,7 +200,9 @@ TEST(OptimDtypes, MixedGradientsScaleAndModelCopies) {
         const float x = g32[i] * (k + 1);
         if (k == 1) g16[k][i] = float_to_half(x);
         if (k == 2) g16[k][i] = float_to_bfloat16(x);
-        const float w = k == 0 ? x : k == 1 ? half_to_float(g16[k][i]) : bfloat16_to_float(g16[k][i]);
+        const float w = k == 0   ? x
+                        : k == 1 ? half_to_float(g16[k][i])
+                                 : bfloat16_to_float(g16[k][i]);
         wide[k][i] = w * scale;
       }
     }
