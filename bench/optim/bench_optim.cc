@@ -68,20 +68,25 @@ void set_rate(benchmark::State& state, int64_t elems, int bytes_per_elem) {
   state.counters["elems"] = static_cast<double>(elems);
 }
 
-void BM_FusedAdam(benchmark::State& state) {
+// tutti::optim::step over the model's tensors, step numbers 1, 2, ...
+void run_fused(benchmark::State& state, Hyper h, int bytes_per_elem) {
   Model model(state.range(0), state.range(1));
   auto p = model.list(model.p), g = model.list(model.g);
-  auto s = model.states(true);
-  Hyper h;
-  h.kind = Kind::kAdamW;
-  h.weight_decay = 0.01f;
+  auto s = model.states(h.kind != Kind::kSgd);
   int64_t t = 0;
   for (auto _ : state) {
     h.step = ++t;
     tutti::optim::step(p, g, s, h);
     benchmark::ClobberMemory();
   }
-  set_rate(state, state.range(0) * state.range(1), 28);
+  set_rate(state, state.range(0) * state.range(1), bytes_per_elem);
+}
+
+void BM_FusedAdam(benchmark::State& state) {
+  Hyper h;
+  h.kind = Kind::kAdamW;
+  h.weight_decay = 0.01f;
+  run_fused(state, h, 28);
 }
 
 // torch.optim.AdamW's single-tensor path, one element-wise pass per op.
@@ -111,21 +116,12 @@ __attribute__((target("avx2,fma"))) void BM_PerTensorAdam(benchmark::State& stat
 }
 
 void BM_FusedSgdMomentum(benchmark::State& state) {
-  Model model(state.range(0), state.range(1));
-  auto p = model.list(model.p), g = model.list(model.g);
-  auto s = model.states(false);
   Hyper h;
   h.kind = Kind::kSgd;
   h.lr = 0.01f;
   h.momentum = 0.9f;
   h.weight_decay = 1e-4f;
-  int64_t t = 0;
-  for (auto _ : state) {
-    h.step = ++t;
-    tutti::optim::step(p, g, s, h);
-    benchmark::ClobberMemory();
-  }
-  set_rate(state, state.range(0) * state.range(1), 20);
+  run_fused(state, h, 20);
 }
 
 // torch.optim.SGD's single-tensor path: grad.add (a new tensor), buf.mul_,
