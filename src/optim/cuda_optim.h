@@ -1,7 +1,7 @@
 // Host side of the CUDA optimizer step: plans the launches with amp's
 // multi-tensor planner (src/amp/multi_tensor_plan.h), fills the kernel's
 // argument table from the entries, and enqueues kernels/optim_step.cu on the
-// stream.  No allocation and no synchronisation: the table travels as the
+// stream.  No device allocation, no synchronisation: the table travels as the
 // kernel argument.
 #pragma once
 
