@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/cuda_utils.h"
 #include "kernels/amp_elementwise.cuh"
+#include "optim/cuda_optim.h"
 
 namespace tutti {
 namespace optim {
@@ -78,24 +79,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_optim_step(const OptTable& t, const Coeffs& c, cudaStream_t stream) {
-  TUTTI_ARG_CHECK(t.n_blocks > 0 && t.n_blocks <= OptTable::kMaxBlocks,
-                  "optim_step: ", t.n_blocks, " blocks (1..", OptTable::kMaxBlocks, ")");
-  TUTTI_ARG_CHECK(t.n_tensors > 0 && t.n_tensors <= OptTable::kMaxTensors,
-                  "optim_step: ", t.n_tensors, " tensors (1..", OptTable::kMaxTensors, ")");
-  TUTTI_ARG_CHECK(c.kind <= 2, "optim_step: optimizer kind code ", int(c.kind));
-  for (int b = 0; b < t.n_blocks; ++b)
-    TUTTI_ARG_CHECK(t.block_slot[b] < t.n_tensors, "optim_step: block ", b,
-                    " names slot ", int(t.block_slot[b]), " of ", t.n_tensors);
-  const bool needs_s0 = c.kind != 0 || c.has_momentum;
-  for (int s = 0; s < t.n_tensors; ++s) {
-    TUTTI_ARG_CHECK(t.grad_dtype[s] <= amp::kMtaBF16 && t.copy_dtype[s] <= amp::kMtaBF16,
-                    "optim_step: slot ", s, " has dtype codes ", int(t.grad_dtype[s]),
-                    "/", int(t.copy_dtype[s]));
-    TUTTI_ARG_CHECK(t.param[s] && t.grad[s] && (t.state0[s] || !needs_s0) &&
-                        (t.state1[s] || c.kind == 0),
-                    "optim_step: slot ", s, " lacks a parameter, gradient or state "
-                    "pointer the step needs");
-  }
+  check_opt_table(t, c);
   optim_step_kernel<<<t.n_blocks, kThreads, 0, stream>>>(t, c);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
