@@ -354,3 +354,42 @@ def test_errors(rank, size):
             opt.consolidate_state_dict(to=to)
     with pytest.raises(RuntimeError, match=rf"consolidate_state_dict\(to={rank}\)"):
         opt.state_dict()
+
+
+def test_checkpoint_resize(world, rank, size):
+    """tutti.torch.checkpoint carries the sharded state (gathered into the
+    unsharded format when saving): saved by size - 1 ranks (a ZeRO over
+    their group), loaded by all (2 -> 3 at np 3), training continues as the
+    plain optimizer does."""
+    if size < 2:
+        pytest.skip("needs two ranks")
+    import shutil
+    import tempfile
+    path = hvd.broadcast_object(tempfile.mkdtemp(prefix="tutti-zero-") if rank == 0 else None)
+    cls, kw = OPTIMIZERS["adamw"]
+    ref = Net()
+    ref_opt = cls(groups(ref, lr2=0.05), **kw)
+    train(ref, ref_opt, 2)
+    savers = world.split(0 if rank < size - 1 else -1, rank, "zero savers")
+    if savers is not None:
+        net = Net()
+        opt = hvd.ZeroRedundancyOptimizer(groups(net, lr2=0.05), cls, process_group=savers, **kw)
+        train(net, opt, 2)
+        with tutti.CheckpointManager(savers, path, async_save=False) as mgr:
+            hvd.checkpoint.save(mgr, 2, model=net, optimizer=opt, rng=False)
+    world.barrier()
+    net = Net()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+    opt = hvd.ZeroRedundancyOptimizer(groups(net), cls, parameters_as_bucket_view=True, **kw)
+    with tutti.CheckpointManager(world, path) as mgr:
+        res = hvd.checkpoint.load(mgr, model=net, optimizer=opt, rng=False)
+    assert res["step"] == 2 and res["saved_world_size"] == size - 1
+    assert [g["lr"] for g in opt.param_groups] == [kw["lr"], 0.05]
+    train(net, opt, 2, first=2)
+    train(ref, ref_opt, 2, first=2)
+    assert_same_params(net, ref)
+    world.barrier()
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)

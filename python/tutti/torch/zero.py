@@ -314,9 +314,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                         f"(group rank {self.rank}){where}.  Please call "
                         f"`consolidate_state_dict(to={self.rank})` on all ranks beforehand "
                         "if you meant to save the global state.")
+        return self._assemble(self._all_state_dicts)
+
+    def _assemble(self, local_state_dicts):
+        """The unsharded state dict from every rank's local one."""
         sd = super().state_dict()  # settings and global indices; self.state is empty
         state = {}
-        for r, local in enumerate(self._all_state_dicts):
+        for r, local in enumerate(local_state_dicts):
             if len(local["param_groups"]) != len(self._partition[r]):
                 raise error(_C.MismatchError,
                             f"{_CALL}.state_dict(): rank {r}'s consolidated state has "
@@ -359,6 +363,17 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.optim.load_state_dict(local)
         self._sync_groups(self.optim.param_groups, self.param_groups)
         self._loaded = state_dict  # until the next step: broadcast_optimizer_state sends it
+
+    def _tutti_full_state_dict(self):
+        """Collective: state_dict() on every rank of the group, from an
+        allgather of the local states (tutti.torch.checkpoint.save writes
+        the optimizer's state as replicated tensors; like the unsharded
+        optimizer's, the whole state is then on every rank for a moment)."""
+        from .functions import allgather_object
+        self._sync_groups(self.param_groups, self.optim.param_groups)
+        every = allgather_object(_to_cpu(self.optim.state_dict()),
+                                 name=f"{_CALL} full state", process_set=self._group)
+        return self._assemble(every)
 
     def _tutti_broadcast_state(self, root_rank, process_set):
         """hvd.broadcast_optimizer_state() of a sharded optimizer: every rank
