@@ -229,7 +229,7 @@ def test_broadcast_optimizer_state_reshards(rank, size):
     assert_same_params(net, ref)
 
 
-def test_add_param_group_keeps_owners(size):
+def test_add_param_group_keeps_owners(rank, size):
     cls, kw = OPTIMIZERS["sgd_momentum"]
     ref, net = Net(), Net()
     ref_opt = cls(net_params(ref, "fc1"), **kw)
@@ -239,11 +239,16 @@ def test_add_param_group_keeps_owners(size):
     train(ref, ref_opt, 1)
     ref_opt.add_param_group({"params": list(ref.fc2.parameters()), "lr": 0.05})
     opt.add_param_group({"params": list(net.fc2.parameters()), "lr": 0.05})
+    assert {k: v for k, v in opt.param_groups[1].items() if k != "params"} == \
+        {k: v for k, v in ref_opt.param_groups[1].items() if k != "params"}
     assert {n: opt.owner(p) for n, p in net.fc1.named_parameters()} == before
     assert {n: opt.owner(p) for n, p in net.named_parameters()} == OWNERS[size]
     train(net, opt, 2, first=1)
     train(ref, ref_opt, 2, first=1)
     assert_same_params(net, ref)
+    opt.consolidate_state_dict(0)
+    if rank == 0:
+        assert_same_state_dict(opt.state_dict(), ref_opt.state_dict())
 
 
 def net_params(net, module):

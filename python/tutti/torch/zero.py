@@ -219,6 +219,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             return
         self._repartition()
         self.optim.add_param_group(self._local_groups()[-1])
+        self._sync_groups(self.optim.param_groups, self.param_groups)  # its defaults
         self._trainable = [_is_trainable(p) for p in self._all_params]
         self._build_buckets()
 
