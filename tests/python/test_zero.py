@@ -171,8 +171,8 @@ def test_consolidated_state_dict_equals_unsharded(rank, size):
     if rank == to:
         assert_same_state_dict(opt.state_dict(), ref_opt.state_dict())
     else:
-        with pytest.raises(tutti.InvalidArgumentError,
-                           match=rf"consolidated to rank {to}.*consolidate_state_dict\(to={rank}\)"):
+        expect = rf"consolidated to rank {to}.*consolidate_state_dict\(to={rank}\)"
+        with pytest.raises(tutti.InvalidArgumentError, match=expect):
             opt.state_dict()
     opt.consolidate_state_dict()  # to=0: the last rank drops its copy
     assert_same_state_dict(opt.state_dict(), ref_opt.state_dict()) if rank == 0 else None
@@ -345,7 +345,7 @@ def test_with_ddp(rank, size):
 
 def test_errors(rank, size):
     net = Net()
-    with pytest.raises(NotImplementedError, match="overlap_with_ddp=False"):
+    with pytest.raises(NotImplementedError, match=f"rank {rank}: .*overlap_with_ddp=False"):
         hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, overlap_with_ddp=True,
                                     lr=0.1)
     with pytest.raises(ValueError, match="empty parameter list"):
@@ -355,7 +355,8 @@ def test_errors(rank, size):
                                     torch.optim.SGD, lr=0.1)
     opt = hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, lr=0.1)
     for to in (size, -1, "0"):
-        with pytest.raises(tutti.InvalidArgumentError, match=rf"rank {rank}: .*to={to!r}.*0\.\.{size - 1}"):
+        expect = rf"rank {rank}: .*to={to!r}.*0\.\.{size - 1}"
+        with pytest.raises(tutti.InvalidArgumentError, match=expect):
             opt.consolidate_state_dict(to=to)
     with pytest.raises(RuntimeError, match=rf"consolidate_state_dict\(to={rank}\)"):
         opt.state_dict()

@@ -80,7 +80,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_class, process_group=None,
                  parameters_as_bucket_view=False, overlap_with_ddp=False, **defaults):
         if overlap_with_ddp:
-            raise NotImplementedError(
+            raise error(
+                NotImplementedError,
                 "tutti.torch.ZeroRedundancyOptimizer(overlap_with_ddp=True) is not "
                 "implemented: tutti's reducer does not hand finished buckets to Python "
                 "while backward runs.  Use overlap_with_ddp=False and call step() after "
@@ -97,8 +98,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.world_size = self._group.size
         self.rank = self._group.rank
         self.parameters_as_bucket_view = bool(parameters_as_bucket_view)
-        self._optim_class = optimizer_class
-        self._optim_defaults = defaults
         self._partition = None  # [rank][group index] -> list of parameters
         self._owner = {}        # id(parameter) -> rank
         self._index = {}        # id(parameter) -> global index
@@ -118,28 +117,31 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     @staticmethod
     def _check_params(params):
         if torch.is_tensor(params):
-            raise TypeError(f"{_CALL}: params should be an iterable of tensors or dicts, "
-                            f"got a {torch.typename(params)}")
+            raise error(TypeError,
+                        f"{_CALL}: params should be an iterable of tensors or dicts, "
+                        f"got a {torch.typename(params)}")
         params = list(params)
         if not params:
-            raise ValueError(f"{_CALL} got an empty parameter list")
+            raise error(ValueError, f"{_CALL} got an empty parameter list")
         for item in params:
             if isinstance(item, dict):
                 continue
             if not torch.is_tensor(item):
-                raise TypeError(f"{_CALL}: params should be an iterable of tensors or "
-                                f"dicts, got an item of type {type(item).__name__}")
+                raise error(TypeError,
+                            f"{_CALL}: params should be an iterable of tensors or "
+                            f"dicts, got an item of type {type(item).__name__}")
         return params
 
     def _check_same_type(self):
         first = self._all_params[0]
         for p in self._all_params:
             if p.is_sparse:
-                raise ValueError(f"{_CALL} supports only dense parameters")
+                raise error(ValueError, f"{_CALL} supports only dense parameters")
             if p.dtype != first.dtype or p.device.type != first.device.type:
-                raise ValueError(f"{_CALL} needs every parameter of one dtype and device "
-                                 f"type: got {first.dtype} on {first.device.type} and "
-                                 f"{p.dtype} on {p.device.type}")
+                raise error(ValueError,
+                            f"{_CALL} needs every parameter of one dtype and device "
+                            f"type: got {first.dtype} on {first.device.type} and "
+                            f"{p.dtype} on {p.device.type}")
 
     def _repartition(self):
         """PyTorch's sorted-greedy partition of every parameter group."""
@@ -340,13 +342,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         partition's entries; every group's settings are taken."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
-            raise ValueError(f"{_CALL}: loaded state dict has {len(groups)} parameter groups, "
-                             f"the optimizer {len(self.param_groups)}")
+            raise error(ValueError,
+                        f"{_CALL}: loaded state dict has {len(groups)} parameter groups, "
+                        f"the optimizer {len(self.param_groups)}")
         for k, (saved, group) in enumerate(zip(groups, self.param_groups)):
             if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"{_CALL}: loaded state dict's parameter group {k} has "
-                                 f"{len(saved['params'])} parameters, the optimizer's "
-                                 f"{len(group['params'])}")
+                raise error(ValueError,
+                            f"{_CALL}: loaded state dict's parameter group {k} has "
+                            f"{len(saved['params'])} parameters, the optimizer's "
+                            f"{len(group['params'])}")
         saved_state = state_dict["state"]
         local = {"state": {}, "param_groups": []}
         next_local = 0
