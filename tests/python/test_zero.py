@@ -331,6 +331,31 @@ def test_distributed_optimizer_sharded_equals_unsharded(rank, size):
     assert_same_params(again, plain)
 
 
+def test_distributed_optimizer_sharded_with_loss_scaler(rank, size):
+    """hvd.LossScaler drives the sharded wrapper as the unsharded one: the
+    same unscaled steps, and the same agreed skip when one rank's batch
+    overflows at step 1 (its inf reaches every rank through the average)."""
+    cls, kw = OPTIMIZERS["sgd_momentum"]
+    runs = []
+    for shard in (False, True):
+        net = Net()
+        opt = hvd.DistributedOptimizer(cls(net.parameters(), **kw),
+                                       named_parameters=net.named_parameters(),
+                                       shard_optimizer_state=shard)
+        scaler = hvd.LossScaler(init_scale=1024.0)
+        for step in range(STEPS):
+            x, y = batch(step, rank)
+            if step == 1 and rank == size - 1:
+                x = x * float("inf")
+            opt.zero_grad()
+            scaler.scale(F.mse_loss(net(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+        assert scaler.skipped_steps == 1 and scaler.get_scale() == 512.0
+        runs.append(net)
+    assert_same_params(runs[1], runs[0])
+
+
 def test_with_ddp(rank, size):
     cls, kw = OPTIMIZERS["sgd_momentum"]
     plain, sharded = Net(), Net()
