@@ -93,7 +93,8 @@ def _optimizer_params(optimizer):
 
 
 def _optimizer_save(optimizer):
-    sd = optimizer.state_dict()
+    full = getattr(optimizer, "_tutti_full_state_dict", None)  # sharded (tutti.torch.zero)
+    sd = full() if full is not None else optimizer.state_dict()
     params = _optimizer_params(optimizer)
     tensors, state = {}, {}
     for idx, entries in sd["state"].items():

@@ -136,6 +136,9 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     ``load_state_dict`` it.  Works whether or not the state exists yet."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    sharded = getattr(optimizer, "_tutti_broadcast_state", None)  # tutti.torch.zero
+    if sharded is not None:
+        return sharded(root_rank, process_set)
     g = group_or_world(process_set, "hvd.broadcast_optimizer_state()")
     found = []
     structure = _strip(optimizer.state_dict(), found)

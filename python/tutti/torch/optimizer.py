@@ -100,7 +100,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=None, bucket_cap_mb=None,
-                         gradient_as_bucket_view=False):
+                         gradient_as_bucket_view=False, shard_optimizer_state=False):
     """Wraps a torch optimizer so that gradients are averaged (``op=Average``)
     or summed (``op=Sum``) over the ranks while backward runs: autograd hooks
     feed tutti's C++ bucketing reducer; ``step()`` waits for it, then steps.
@@ -124,7 +124,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     ``gradient_as_bucket_view=True``: every ``.grad`` is a view into the
     reducer's fusion bucket (as torch DDP's option): no copy into the bucket
     and none back; ``zero_grad(set_to_none=True)`` works (the next backward
-    copies the new gradient into the view once and re-points ``.grad``)."""
+    copies the new gradient into the view once and re-points ``.grad``).
+    ``shard_optimizer_state=True``: ZeRO-1 (tutti.torch.zero): each rank
+    keeps state for and steps only its partition of the parameters, which
+    are then broadcast from their owners."""
     op = _resolve_op(None, op)
     if op not in (Average, _C.ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer: op must be Average or Sum, got {op}")
@@ -133,8 +136,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          f"with op != Average (got gradient_predivide_factor="
                          f"{gradient_predivide_factor})")
     del num_groups, groups, sparse_as_dense
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
+    base = optimizer.__class__
+    if shard_optimizer_state:
+        from .zero import shard_distributed_optimizer_base
+        base = shard_distributed_optimizer_base(optimizer, process_set)
+    cls = type(optimizer.__class__.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, process_set, bucket_cap_mb, optimizer,
                gradient_as_bucket_view, gradient_predivide_factor)
