@@ -112,7 +112,7 @@ from .process_sets import (  # noqa: F401
     global_process_set,
     remove_process_set,
 )
-from . import checkpoint, elastic, tensor_parallel  # noqa: F401,E402
+from . import checkpoint, ddp_comm_hooks, elastic, tensor_parallel  # noqa: F401,E402
 from .elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401,E402
 
 
