@@ -106,6 +106,7 @@ from .mpi_ops import (  # noqa: F401
     synchronize,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm  # noqa: F401
 from .process_sets import (  # noqa: F401
     ProcessSet,
     add_process_set,
