@@ -6,7 +6,7 @@ import torch
 from .. import _C
 from ._comm_hook import HookRunner
 from ._grad_sync import GradSync
-from ._util import error
+from ._util import error, graph_leaves
 from .compression import as_compressor
 from .functions import broadcast_tensors_
 from .mpi_ops import Average
@@ -123,21 +123,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _unreachable(self, output):
         """Indices of the registered parameters the autograd graph of
         ``output`` does not reach (torch DDP's search)."""
-        stack, seen, reached = [], set(), set()
-        for t in _tensors_in(output):
-            if t.grad_fn is not None:
-                stack.append(t.grad_fn)
-            elif t.requires_grad:
-                reached.add(id(t))  # a parameter returned as is
-        while stack:
-            fn = stack.pop()
-            if fn is None or fn in seen:
-                continue
-            seen.add(fn)
-            var = getattr(fn, "variable", None)  # an AccumulateGrad node
-            if var is not None:
-                reached.add(id(var))
-            stack.extend(nxt for nxt, _ in fn.next_functions)
+        reached = graph_leaves(output)
         return [i for i, p in enumerate(self._tutti.params) if id(p) not in reached]
 
     @contextlib.contextmanager
@@ -150,14 +136,3 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             self._tutti.no_sync_depth -= 1
 
-
-def _tensors_in(obj):
-    """The tensors in a forward's output (tensors, sequences, mappings)."""
-    if torch.is_tensor(obj):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors_in(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors_in(o)
