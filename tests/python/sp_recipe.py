@@ -12,10 +12,12 @@ the sharded ones), the clip norm and the updated weights match the dense
 block on the whole sequence."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 import tutti
 from tutti.torch import tensor_parallel as tp
+# The dense block and its SP twin (LayerNorm -> column -> GELU -> row ->
+# LayerNorm, the LayerNorms marked) are test_torch_tp.py's.
+from test_torch_tp import DenseSPBlock, SPBlock
 
 S, B, H, FFN = 8, 2, 8, 16  # divisible by TP 1, 2 and 4
 STEPS, LR, MAX_NORM = 3, 0.1, 0.5
@@ -24,39 +26,9 @@ STEPS, LR, MAX_NORM = 3, 0.1, 0.5
 TOL = dict(rtol=1e-4, atol=2e-5)
 
 
-class Dense(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(5)
-        self.ln1, self.ln2 = torch.nn.LayerNorm(H), torch.nn.LayerNorm(H)
-        self.fc1, self.fc2 = torch.nn.Linear(H, FFN), torch.nn.Linear(FFN, H)
-        with torch.no_grad():  # LayerNorm parameters away from 1 and 0
-            for ln in (self.ln1, self.ln2):
-                ln.weight.uniform_(0.5, 1.5)
-                ln.bias.uniform_(-0.5, 0.5)
-
-    def forward(self, x):
-        return self.ln2(self.fc2(F.gelu(self.fc1(self.ln1(x)))))
-
-
-class SequenceParallel(torch.nn.Module):
-    """The same block on this rank's [S/p, B, H] slice, weights from dense."""
-
-    def __init__(self, dense, mesh):
-        super().__init__()
-        self.ln1, self.ln2 = torch.nn.LayerNorm(H), torch.nn.LayerNorm(H)
-        self.ln1.load_state_dict(dense.ln1.state_dict())
-        self.ln2.load_state_dict(dense.ln2.state_dict())
-        self.fc1 = tp.ColumnParallelLinear(H, FFN, mesh, gather_output=False,
-                                           sequence_parallel=True, name="sp.fc1")
-        self.fc2 = tp.RowParallelLinear(FFN, H, mesh, input_is_parallel=True,
-                                        sequence_parallel=True, name="sp.fc2")
-        self.fc1.layer.load_from_full(dense.fc1.weight.detach(), dense.fc1.bias.detach())
-        self.fc2.layer.load_from_full(dense.fc2.weight.detach(), dense.fc2.bias.detach())
-        tp.mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
-
-    def forward(self, x):
-        return self.ln2(self.fc2(F.gelu(self.fc1(self.ln1(x)))))
+def dense_block():
+    torch.manual_seed(5)
+    return DenseSPBlock(H, FFN)
 
 
 def my_part(name, t, mesh):
@@ -75,8 +47,8 @@ def test_sequence_parallel_recipe_matches_dense(world, tp_size):
         pytest.skip(f"TP {tp_size} needs a world that is a multiple of it (np {world.size})")
     mesh = tutti.ProcessMesh(world, tp_size)
     p, r = mesh.tp_size, mesh.tp_rank
-    dense = Dense()
-    sp = SequenceParallel(dense, mesh)
+    dense = dense_block()
+    sp = SPBlock(dense, mesh)
     dense_opt = torch.optim.SGD(dense.parameters(), lr=LR)
     sp_opt = torch.optim.SGD(sp.parameters(), lr=LR)
     names = [n for n, _ in dense.named_parameters()]
