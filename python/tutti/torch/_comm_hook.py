@@ -175,9 +175,14 @@ class HookRunner:
         ids, offs, buf = self.buckets[k]
         bucket = GradBucket(k, buf, [self.params[i] for i in ids], offs,
                             k == len(self.buckets) - 1, self.sync.group,
-                            getattr(self.sync, "loss_scale", None), self._defer)
-        fut = self.hook(self.state, bucket)
+                            self.sync.loss_scale, self._defer)
+        try:
+            fut = self.hook(self.state, bucket)
+        except BaseException:
+            self._in_pass = False  # autograd drops the queued _end_pass
+            raise
         if not isinstance(fut, torch._C.Future):  # .then() gives the C type
+            self._in_pass = False
             raise error(_C.InvalidArgumentError,
                         f"DistributedDataParallel comm hook {_name(self.hook)} returned "
                         f"{type(fut).__name__} for bucket {k}: it must return a "

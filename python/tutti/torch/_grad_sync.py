@@ -31,12 +31,10 @@ One GradSync serves DistributedOptimizer (the reduction is waited for in
   completes a step reduces; a step that ends with fewer passes reduces what
   was accumulated (Horovod forces the allreduce in ``step()`` too).
 """
-import weakref
-
 import torch
 
 from .. import _C
-from ._util import error, export, group_or_world, stream_of
+from ._util import WeakOwner, error, export, group_or_world, stream_of
 
 
 def _post_accumulate_hook(param, fn):
@@ -114,7 +112,7 @@ class GradSync:
         # tagged below); None: not loss-scaled.
         self.loss_scale = None
         for p in self.params:
-            p._tutti_grad_sync = weakref.ref(self)
+            p._tutti_grad_sync = WeakOwner(self)
 
     # ---- the autograd side ------------------------------------------------------
 

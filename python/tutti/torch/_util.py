@@ -1,4 +1,6 @@
 """Small helpers shared by the tutti.torch modules."""
+import weakref
+
 import torch
 
 from .. import _C
@@ -106,6 +108,25 @@ def error(cls, message):
     errors carry."""
     rank = _C.rank() if _C.initialized() else 0
     return cls(f"rank {rank}: {message}")
+
+
+class WeakOwner:
+    """A weak reference for tagging tensors with the live object that owns
+    them (a parameter's GradSync): call it for the object, or None once it
+    is gone.  Pickles (torch.save of a module, torch 2's Parameter state)
+    and copies as None: the owner is a live process-group object, not
+    model state."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, owner):
+        self._ref = weakref.ref(owner)
+
+    def __call__(self):
+        return self._ref()
+
+    def __reduce__(self):
+        return (type(None), ())
 
 
 def tensors_in(obj):

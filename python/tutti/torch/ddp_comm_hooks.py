@@ -25,7 +25,7 @@ import torch
 
 from .. import _C
 from ._util import export, group_or_world, stream_of
-from .compression import Compressor, as_compressor
+from .compression import Compression, Compressor, as_compressor
 
 
 def _group(state, bucket):
@@ -172,16 +172,18 @@ class PowerSGDState(CompressorState):
     """torch's ``PowerSGDState`` arguments over tutti's PowerSGD compressor:
     ``matrix_approximation_rank`` -> rank, ``start_powerSGD_iter`` -> the
     step compression starts (plain all-reduce before), ``min_compression_rate``
-    -> the least compression worth it.  Other torch arguments (``use_error_
-    feedback``, ``warm_start``, ...) are accepted and ignored: tutti's
-    PowerSGD always keeps error feedback and warm-starts its factors."""
+    -> the least compression worth it, ``random_seed`` -> the initial
+    factors' seed.  Other torch arguments (``use_error_feedback``,
+    ``warm_start``, ...) are accepted and ignored: tutti's PowerSGD always
+    keeps error feedback and warm-starts its factors."""
 
     def __init__(self, process_group=None, matrix_approximation_rank=1,
-                 start_powerSGD_iter=1000, min_compression_rate=2, **_ignored):
-        from .compression import Compression
+                 start_powerSGD_iter=1000, min_compression_rate=2, random_seed=0,
+                 **_ignored):
         super().__init__(Compression.powersgd(rank=matrix_approximation_rank,
                                               start_step=start_powerSGD_iter,
-                                              min_compression=float(min_compression_rate)),
+                                              min_compression=float(min_compression_rate),
+                                              seed=random_seed),
                          process_group)
 
 
