@@ -232,3 +232,21 @@ def _done(value):
     fut = torch.futures.Future()
     fut.set_result(value)
     return fut
+
+
+def test_a_hook_error_leaves_the_ddp_usable(rank, size):
+    calls = []
+
+    def fails_once(state, bucket):
+        calls.append(bucket.index())
+        if len(calls) == 1:
+            raise ValueError("hook failed on purpose")
+        return hooks.allreduce_hook(state, bucket)
+
+    ddp = make(rank, size, fails_once)
+    with pytest.raises(ValueError, match="on purpose"):
+        step(ddp, rank, size)
+    step(ddp, rank, size)  # a fresh pass: every bucket handed over again
+    assert calls == [0, 0, 1, 2]
+    for n, p in ddp.module.named_parameters():
+        assert torch.equal(p.grad, expected(n, size)), n
