@@ -107,13 +107,14 @@ from .mpi_ops import (  # noqa: F401
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .zero import ZeroRedundancyOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm  # noqa: F401
 from .process_sets import (  # noqa: F401
     ProcessSet,
     add_process_set,
     global_process_set,
     remove_process_set,
 )
-from . import checkpoint, elastic, tensor_parallel  # noqa: F401,E402
+from . import checkpoint, ddp_comm_hooks, elastic, tensor_parallel  # noqa: F401,E402
 from .elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401,E402
 
 

@@ -34,8 +34,7 @@ One GradSync serves DistributedOptimizer (the reduction is waited for in
 import torch
 
 from .. import _C
-from . import _util
-from ._util import error, export, group_or_world, stream_of
+from ._util import WeakOwner, error, export, group_or_world, stream_of
 
 
 def _post_accumulate_hook(param, fn):
@@ -107,6 +106,13 @@ class GradSync:
         self._pending = False  # a reducing pass ended; synchronize() waits for it
         self._ready = 0        # hooks that fired in this pass
         self.no_sync_depth = 0
+        # The factor the gradients of the next passes carry (the AMP loss
+        # scale: a float, or a GradScaler's device tensor), handed in by the
+        # loss scaler whose scaled loss reaches these parameters (amp.py,
+        # tagged below); None: not loss-scaled.
+        self.loss_scale = None
+        for p in self.params:
+            p._tutti_grad_sync = WeakOwner(self)
 
     # ---- the autograd side ------------------------------------------------------
 
@@ -142,7 +148,7 @@ class GradSync:
                         "Increase backward_passes_per_step to accumulate gradients locally.")
         self._in_pass = True
         self._ready = 0
-        scale = _util.current_loss_scale[0]
+        scale = self.loss_scale
         if self.compressor is not None and scale is not None:
             if torch.is_tensor(scale):  # a GradScaler's device-side scale
                 scale = float(scale.item())

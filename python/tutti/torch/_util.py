@@ -1,4 +1,6 @@
 """Small helpers shared by the tutti.torch modules."""
+import weakref
+
 import torch
 
 from .. import _C
@@ -108,9 +110,54 @@ def error(cls, message):
     return cls(f"rank {rank}: {message}")
 
 
-# The loss scale of the newest LossScaler.scale() or GradScaler.scale() call
-# (a float, or GradScaler's device tensor): DistributedOptimizer
-# and DistributedDataParallel hand it to their reducer at the start of each
-# backward pass, so error-feedback compressors keep residuals in the units
-# the gradients carry (tutti.Reducer.set_gradient_scale).
-current_loss_scale = [None]
+class WeakOwner:
+    """A weak reference for tagging tensors with the live object that owns
+    them (a parameter's GradSync): call it for the object, or None once it
+    is gone.  Pickles (torch.save of a module, torch 2's Parameter state)
+    and copies as None: the owner is a live process-group object, not
+    model state."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, owner):
+        self._ref = weakref.ref(owner)
+
+    def __call__(self):
+        return self._ref()
+
+    def __reduce__(self):
+        return (type(None), ())
+
+
+def tensors_in(obj):
+    """The tensors in a forward's output (tensors, sequences, mappings)."""
+    if torch.is_tensor(obj):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from tensors_in(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from tensors_in(o)
+
+
+def graph_leaves(obj):
+    """The leaf tensors (parameters) the autograd graph of the tensors in
+    ``obj`` reaches: the variables of its AccumulateGrad nodes, and leaves
+    that require grad returned as they are.  {id(tensor): tensor}."""
+    stack, seen, reached = [], set(), {}
+    for t in tensors_in(obj):
+        if t.grad_fn is not None:
+            stack.append(t.grad_fn)
+        elif t.requires_grad:
+            reached[id(t)] = t
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)  # an AccumulateGrad node
+        if var is not None:
+            reached[id(var)] = var
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return reached

@@ -14,6 +14,12 @@
 
 With a tutti ``DistributedOptimizer`` both call ``optimizer.synchronize()``
 before unscaling and step inside ``skip_synchronize()``, Horovod's recipe.
+
+Both hand the scale they apply to the gradient sync (the reducer of a
+DistributedOptimizer or DistributedDataParallel) of the parameters their
+scaled loss reaches, so error-feedback compressors keep residuals in the
+units the gradients carry (tutti.Reducer.set_gradient_scale): each scaler
+feeds only its own models' reducers (see _ScaleHandoff).
 """
 import contextlib
 import math
@@ -21,8 +27,7 @@ import math
 import torch
 
 from .. import _C
-from . import _util
-from ._util import group_or_world, stream_of
+from ._util import graph_leaves, group_or_world, stream_of
 
 _READY, _UNSCALED, _STEPPED = 0, 1, 2
 
@@ -44,6 +49,43 @@ def _no_second_sync(optimizer):
             yield
     else:
         yield
+
+
+class _ScaleHandoff:
+    """The gradient syncs (tutti.torch._grad_sync.GradSync, which tags its
+    parameters with ``_tutti_grad_sync``) whose gradients one scaler scales,
+    and the hand-over of its scale to them before their backward pass.
+
+    Until the scaler's first update() every scale() searches the autograd
+    graph of its outputs for tagged parameters (so the first step's
+    reduction already knows its scale); afterwards the syncs found so far
+    get the scale without a search.  unscale_(optimizer) also adopts the
+    syncs of the optimizer's parameters (a DistributedOptimizer, or a plain
+    optimizer over a DistributedDataParallel's parameters)."""
+
+    def __init__(self):
+        self._syncs = []      # weak references
+        self.searching = True
+
+    def adopt(self, params):
+        for p in params:
+            ref = getattr(p, "_tutti_grad_sync", None)
+            if ref is not None and ref() is not None and \
+                    not any(r() is ref() for r in self._syncs):
+                self._syncs.append(ref)
+
+    def hand(self, outputs, scale):
+        """Before the backward of ``outputs`` (scaled by ``scale``)."""
+        if self.searching:
+            self.adopt(graph_leaves(outputs).values())
+        for ref in self._syncs:
+            sync = ref()
+            if sync is not None:
+                sync.loss_scale = scale
+
+
+def _params_of(optimizer):
+    return (p for group in optimizer.param_groups for p in group["params"])
 
 
 def agree_found_inf(found_inf_per_device, process_set=None):
@@ -71,15 +113,22 @@ class GradScaler(torch.cuda.amp.GradScaler):
     def __init__(self, *args, process_set=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._tutti_group = process_set
+        self._handoff = _ScaleHandoff()
 
     def scale(self, outputs):
         """GradScaler.scale; also hands the scale (a device tensor, read only
-        by reducers with an error-feedback compressor) to gradient sync, so
-        residuals follow backoffs and growth as with LossScaler."""
+        by reducers with an error-feedback compressor) to the gradient sync
+        of the parameters ``outputs`` reaches, so residuals follow backoffs
+        and growth as with LossScaler."""
         scaled = super().scale(outputs)
         if self.is_enabled():
-            _util.current_loss_scale[0] = self._scale
+            self._handoff.hand(outputs, self._scale)
         return scaled
+
+    def update(self, new_scale=None):
+        """GradScaler.update (ends the first step's graph search)."""
+        self._handoff.searching = False
+        return super().update(new_scale)
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         per_device = super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
@@ -88,6 +137,7 @@ class GradScaler(torch.cuda.amp.GradScaler):
 
     def unscale_(self, optimizer):
         """GradScaler.unscale_ after a DistributedOptimizer's reduction."""
+        self._handoff.adopt(_params_of(optimizer))
         _synchronized(optimizer)
         return super().unscale_(optimizer)
 
@@ -122,6 +172,7 @@ class LossScaler:
             min_scale=min_scale, max_scale=max_scale, at_min_scale=at_min_scale,
             max_consecutive_skips=max_consecutive_skips, state_prefix="loss_scaler")
         self._stage = {}
+        self._handoff = _ScaleHandoff()
 
     @property
     def scaler(self):
@@ -141,7 +192,7 @@ class LossScaler:
         if not self._enabled:
             return outputs
         s = self._scaler.scale
-        _util.current_loss_scale[0] = s  # for compressors' residuals (_grad_sync)
+        self._handoff.hand(outputs, s)  # for compressors' residuals (_grad_sync)
         if torch.is_tensor(outputs):
             return outputs * s
         return type(outputs)(o * s for o in outputs)
@@ -163,6 +214,7 @@ class LossScaler:
                                "since the last update().")
         if self._stage.get(id(optimizer)) == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        self._handoff.adopt(_params_of(optimizer))
         _synchronized(optimizer)
         # Messages name the parameters (a DistributedOptimizer knows them).
         known = {}
@@ -202,6 +254,7 @@ class LossScaler:
         skipped)."""
         if not self._enabled:
             return None
+        self._handoff.searching = False
         if new_scale is None:
             result = self._scaler.update()
             self._stage.clear()

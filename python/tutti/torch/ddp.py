@@ -3,7 +3,10 @@ import contextlib
 
 import torch
 
+from .. import _C
+from ._comm_hook import HookRunner
 from ._grad_sync import GradSync
+from ._util import error, graph_leaves
 from .compression import as_compressor
 from .functions import broadcast_tensors_
 from .mpi_ops import Average
@@ -34,7 +37,11 @@ class DistributedDataParallel(torch.nn.Module):
     ``broadcast_buffers``: rank 0's buffers (e.g. BatchNorm statistics) are
     copied to every rank before each forward.  ``compression``: a
     ``Compression.*`` choice.  Other torch-DDP arguments (device_ids,
-    output_device, ...) are accepted and ignored."""
+    output_device, ...) are accepted and ignored.
+
+    ``register_comm_hook(state, hook)``: torch DDP's communication hook
+    (``hook(state, bucket) -> torch.futures.Future``, per bucket; see
+    ``tutti.torch.ddp_comm_hooks`` for tutti's hooks)."""
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
                  broadcast_buffers=True, process_group=None, bucket_cap_mb=None,
@@ -55,6 +62,9 @@ class DistributedDataParallel(torch.nn.Module):
         self.static_graph = static_graph
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.process_group = self._tutti.group
+        self._explicit_compression = compression is not None
+        self._comm_hook = None   # a HookRunner after register_comm_hook()
+        self._forwarded = False
         self._tutti.broadcast_parameters(0)
         if buffers:
             broadcast_tensors_(buffers, 0, self.process_group, "ddp buffers")
@@ -67,36 +77,53 @@ class DistributedDataParallel(torch.nn.Module):
     def compressor(self):
         return self._tutti.compressor
 
+    def register_comm_hook(self, state, hook):
+        """Replaces each bucket's all-reduce by ``hook(state, bucket)``, as
+        torch DDP's ``register_comm_hook``: ``bucket`` is a GradBucket
+        (``buffer()``, ``index()``, ``parameters()``, ``gradients()``,
+        ``is_last()``, ``set_buffer()``) holding this rank's gradients; the
+        hook returns a ``torch.futures.Future`` whose value is the bucket's
+        reduced tensor (complete by the end of backward; tutti's hooks in
+        ``tutti.torch.ddp_comm_hooks`` complete theirs), which becomes every
+        parameter's ``.grad``.  Hooks run per bucket in bucket order while
+        backward runs; none inside ``no_sync()``.  ``state`` is passed as is
+        (tutti's hooks take a process group/set or their state object; None
+        means this DDP's group).  Call once, before the first forward
+        (InvalidArgumentError otherwise), and without ``compression=`` (the
+        hook replaces it)."""
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: the hook must be callable, got {hook!r}")
+        if self._comm_hook is not None:
+            raise error(_C.InvalidArgumentError,
+                        "DistributedDataParallel.register_comm_hook() can only be called once")
+        if self._forwarded:
+            raise error(_C.InvalidArgumentError,
+                        "DistributedDataParallel.register_comm_hook() must be called before "
+                        "the first forward")
+        if self._explicit_compression:
+            raise error(_C.InvalidArgumentError,
+                        "DistributedDataParallel.register_comm_hook(): this DDP was built "
+                        "with compression=; a comm hook replaces it (drop one of the two)")
+        self._comm_hook = HookRunner(self._tutti, state, hook, self.gradient_as_bucket_view,
+                                     self.static_graph)
+
     def forward(self, *inputs, **kwargs):
         """Re-broadcasts rank 0's buffers (training, broadcast_buffers), then
         runs the wrapped module."""
+        self._forwarded = True
         if self.broadcast_buffers and torch.is_grad_enabled() and self.training:
             buffers = [b for b in self.module.buffers()]
             if buffers:
                 broadcast_tensors_(buffers, 0, self.process_group, "ddp buffers")
         output = self.module(*inputs, **kwargs)
         if self.find_unused_parameters and torch.is_grad_enabled():
-            self._tutti.set_unused(self._unreachable(output))
+            (self._comm_hook or self._tutti).set_unused(self._unreachable(output))
         return output
 
     def _unreachable(self, output):
         """Indices of the registered parameters the autograd graph of
         ``output`` does not reach (torch DDP's search)."""
-        stack, seen, reached = [], set(), set()
-        for t in _tensors_in(output):
-            if t.grad_fn is not None:
-                stack.append(t.grad_fn)
-            elif t.requires_grad:
-                reached.add(id(t))  # a parameter returned as is
-        while stack:
-            fn = stack.pop()
-            if fn is None or fn in seen:
-                continue
-            seen.add(fn)
-            var = getattr(fn, "variable", None)  # an AccumulateGrad node
-            if var is not None:
-                reached.add(id(var))
-            stack.extend(nxt for nxt, _ in fn.next_functions)
+        reached = graph_leaves(output)
         return [i for i, p in enumerate(self._tutti.params) if id(p) not in reached]
 
     @contextlib.contextmanager
@@ -109,14 +136,3 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             self._tutti.no_sync_depth -= 1
 
-
-def _tensors_in(obj):
-    """The tensors in a forward's output (tensors, sequences, mappings)."""
-    if torch.is_tensor(obj):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors_in(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors_in(o)
