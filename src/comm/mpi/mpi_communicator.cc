@@ -1,7 +1,6 @@
 #include "comm/mpi/mpi_communicator.h"
 
 #include <climits>
-#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -92,7 +91,7 @@ class P2PWork : public comm::StagedWork {
   }
   std::exception_ptr translate(int rc) {
     int cls = rc;
-    MPI_Error_class(rc, &cls);
+    if (MPI_Error_class(rc, &cls) != MPI_SUCCESS) cls = rc;  // not a class
     if (cls == MPI_ERR_TRUNCATE)
       return std::make_exception_ptr(Error(
           ErrorCode::kMismatch,
@@ -108,7 +107,8 @@ class P2PWork : public comm::StagedWork {
     if (expected_ < 0) return;  // a send
     // A receive: the message must fill the tensor.
     int count = 0;
-    MPI_Get_count(&st, datatype(dtype_), &count);
+    const int rc = MPI_Get_count(&st, datatype(dtype_), &count);
+    if (rc != MPI_SUCCESS) fail_locked(translate(rc));
     if (count != expected_)
       fail_locked(std::make_exception_ptr(Error(
           ErrorCode::kMismatch,
@@ -130,22 +130,24 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
                                  uint64_t comm_id)
     : data_(comm), name_(std::move(name)), comm_id_(comm_id), engine_(name_),
       progress_(std::make_shared<CommProgress>()) {
-  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN));
-  TUTTI_MPI_CHECK(MPI_Comm_dup(data_, &check_));
-  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(check_, MPI_ERRORS_RETURN));
-  TUTTI_MPI_CHECK(MPI_Comm_rank(data_, &rank_));
-  TUTTI_MPI_CHECK(MPI_Comm_size(data_, &size_));
+  const std::string what = detail::cat("setting up communicator '", name_, "'");
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN), what);
+  TUTTI_MPI_CHECK(MPI_Comm_dup(data_, &check_), what);
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(check_, MPI_ERRORS_RETURN), what);
+  TUTTI_MPI_CHECK(MPI_Comm_rank(data_, &rank_), what);
+  TUTTI_MPI_CHECK(MPI_Comm_size(data_, &size_), what);
   // World ranks of the members, for reports that span groups.
   MPI_Group mine, world;
-  MPI_Comm_group(data_, &mine);
-  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  TUTTI_MPI_CHECK(MPI_Comm_group(data_, &mine), what);
+  TUTTI_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world), what);
   std::vector<int> local(size_);
   for (int i = 0; i < size_; ++i) local[i] = i;
   world_ranks_.resize(size_);
-  MPI_Group_translate_ranks(mine, size_, local.data(), world,
-                            world_ranks_.data());
-  MPI_Group_free(&mine);
-  MPI_Group_free(&world);
+  TUTTI_MPI_CHECK(MPI_Group_translate_ranks(mine, size_, local.data(), world,
+                                            world_ranks_.data()),
+                  what);
+  TUTTI_MPI_CHECK(MPI_Group_free(&mine), what);
+  TUTTI_MPI_CHECK(MPI_Group_free(&world), what);
   StatusService::instance().add(comm_id_, progress_);
 }
 
@@ -159,8 +161,11 @@ void MpiCommunicator::close() {
   if (is_initialized()) {
     // After a timeout a request may still be pending on these communicators;
     // freeing them is still legal (MPI frees once the requests complete).
-    if (check_ != MPI_COMM_NULL) MPI_Comm_free(&check_);
-    if (data_ != MPI_COMM_NULL && data_ != MPI_COMM_WORLD) MPI_Comm_free(&data_);
+    // Runs from the destructor: a failure is logged, never thrown.
+    const std::string what = detail::cat("closing communicator '", name_, "'");
+    if (check_ != MPI_COMM_NULL) TUTTI_MPI_WARN(MPI_Comm_free(&check_), what);
+    if (data_ != MPI_COMM_NULL && data_ != MPI_COMM_WORLD)
+      TUTTI_MPI_WARN(MPI_Comm_free(&data_), what);
   }
   check_ = data_ = MPI_COMM_NULL;
 }
@@ -197,12 +202,14 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
               TUTTI_MPI_CHECK(MPI_Isend(request.input.data(), count,
                                         datatype(request.input.dtype()),
                                         request.root, request.tag, self->data_,
-                                        work->request()));
+                                        work->request()),
+                              desc);
             else
               TUTTI_MPI_CHECK(MPI_Irecv(request.input.data(), count,
                                         datatype(request.input.dtype()),
                                         request.root, request.tag, self->data_,
-                                        work->request()));
+                                        work->request()),
+                              desc);
             work->started(seq, desc.str());
           } catch (...) {
             work->failed(std::current_exception(), seq, desc.str());
@@ -357,7 +364,7 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
 void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
                                    const comm::OpLabel& desc, uint64_t seq,
                                    MPI_Status* status) {
-  if (!wait(req, deadline, status, stall_))
+  if (!wait(req, deadline, desc, status, stall_))
     fail_timeout(desc, seq, deadline.seconds(), "exchanging data");
 }
 
@@ -383,7 +390,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
         const void* s = in.data() == out.data()
                             ? MPI_IN_PLACE
                             : static_cast<const char*>(in.data()) + off * es;
-        TUTTI_MPI_CHECK(MPI_Iallreduce(s, o, n, dt, op, data_, &req));
+        TUTTI_MPI_CHECK(MPI_Iallreduce(s, o, n, dt, op, data_, &req), desc);
         wait_or_fail(&req, deadline, desc, seq);
       }
       if (r.op == ReduceOp::kAvg)
@@ -396,7 +403,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       for (int64_t off = 0; off < in.numel(); off += kMaxChunk) {
         const int n = static_cast<int>(std::min(kMaxChunk, in.numel() - off));
         TUTTI_MPI_CHECK(MPI_Ibcast(static_cast<char*>(in.data()) + off * es, n,
-                                   dt, r.root, data_, &req));
+                                   dt, r.root, data_, &req), desc);
         wait_or_fail(&req, deadline, desc, seq);
       }
       return;
@@ -407,7 +414,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       checked_int(out.numel(), desc, "the output");
       const char* mine = static_cast<const char*>(out.data()) + rank_ * in.nbytes();
       const void* s = in.data() == mine ? MPI_IN_PLACE : in.data();
-      TUTTI_MPI_CHECK(MPI_Iallgather(s, n, dt, out.data(), n, dt, data_, &req));
+      TUTTI_MPI_CHECK(MPI_Iallgather(s, n, dt, out.data(), n, dt, data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     }
@@ -422,7 +429,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       }
       TUTTI_MPI_CHECK(MPI_Iallgatherv(in.data(), counts[rank_], dt, out.data(),
                                       counts.data(), displs.data(), dt, data_,
-                                      &req));
+                                      &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     }
@@ -435,7 +442,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       }
       TUTTI_MPI_CHECK(MPI_Ireduce_scatter_block(
           in.data(), out.data(), n, datatype(in.dtype()),
-          reduce_op(in.dtype(), r.op), data_, &req));
+          reduce_op(in.dtype(), r.op), data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       if (r.op == ReduceOp::kAvg)
         divide_inplace(out.dtype(), out.data(), out.numel(), size_);
@@ -446,13 +453,13 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       checked_int(in.numel(), desc, "the input");
       const MPI_Datatype dt = datatype(in.dtype());
       TUTTI_MPI_CHECK(
-          MPI_Ialltoall(in.data(), n, dt, out.data(), n, dt, data_, &req));
+          MPI_Ialltoall(in.data(), n, dt, out.data(), n, dt, data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     }
     case CollectiveKind::kBarrier:
       if (size_ == 1) return;
-      TUTTI_MPI_CHECK(MPI_Ibarrier(data_, &req));
+      TUTTI_MPI_CHECK(MPI_Ibarrier(data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     case CollectiveKind::kSend:
@@ -463,27 +470,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
 }
 
 void MpiCommunicator::run_ordered(const std::function<void()>& fn) {
-  std::exception_ptr err;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  engine_.submit(
-      [&] {
-        try {
-          fn();
-        } catch (...) {
-          err = std::current_exception();
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          done = true;
-        }
-        cv.notify_all();
-      },
-      true);
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  if (err) std::rethrow_exception(err);
+  engine_.run_and_wait(fn);
 }
 
 std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
@@ -508,7 +495,8 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
     const uint32_t index = splits_++;
     MPI_Comm out = MPI_COMM_NULL;
     TUTTI_MPI_CHECK(MPI_Comm_split(data_, color < 0 ? MPI_UNDEFINED : color,
-                                   key, &out));
+                                   key, &out),
+                    desc);
     if (out == MPI_COMM_NULL) return;
     child = std::make_shared<MpiCommunicator>(
         out, name.empty() ? name_ + "/" + std::to_string(color) : name,
@@ -548,23 +536,26 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
     const uint32_t index = splits_++;
     MPI_Comm out = MPI_COMM_NULL;
     TUTTI_MPI_CHECK(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_,
-                                        MPI_INFO_NULL, &out));
+                                        MPI_INFO_NULL, &out),
+                    desc);
     // The node's lowest world rank makes the id the same on its members
     // and different across nodes.  The buffer is on the heap: after a
     // timeout the request stays pending and MPI may still write it (leaked
     // on purpose, as AgreementCheck's).
     auto lowest_buf = std::make_unique<int>(world_ranks_[rank_]);
     try {
-      TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN));
+      TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN), desc);
       MPI_Request req = MPI_REQUEST_NULL;
-      TUTTI_MPI_CHECK(
-          MPI_Iallreduce(MPI_IN_PLACE, lowest_buf.get(), 1, MPI_INT, MPI_MIN, out, &req));
-      if (!wait(&req, deadline)) {
+      TUTTI_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, lowest_buf.get(), 1, MPI_INT,
+                                     MPI_MIN, out, &req),
+                      desc, " (naming the node group)");
+      if (!wait(&req, deadline, desc)) {
         (void)lowest_buf.release();
         fail_timeout(desc, seq, timeout, "naming the node group");
       }
     } catch (...) {
-      MPI_Comm_free(&out);  // freed by MPI once a pending request completes
+      // Freed by MPI once a pending request completes.
+      TUTTI_MPI_WARN(MPI_Comm_free(&out), desc);
       throw;
     }
     const int lowest = *lowest_buf;

@@ -16,9 +16,16 @@
 namespace tutti {
 namespace mpi {
 
-void throw_mpi_error(int code, const char* expr, const char* file, int line) {
+void throw_mpi_error(int code, const char* expr, const std::string& context,
+                     const char* file, int line) {
   detail::throw_error(ErrorCode::kMpi, file, line,
-                      detail::cat(expr, " failed: ", error_string(code)));
+                      detail::call_failed(expr, context, error_string(code)));
+}
+
+bool mpi_ok(int code, const char* expr, const std::string& context) {
+  if (code == MPI_SUCCESS) return true;
+  TUTTI_LOG(kWarn) << detail::call_failed(expr, context, error_string(code));
+  return false;
 }
 
 std::string error_string(int code) {
@@ -39,9 +46,11 @@ bool launched_by_launcher() {
 }
 
 bool is_initialized() {
+  // Asked on teardown paths too: a failed query (never seen) counts as
+  // "not usable" and is logged rather than thrown.
   int init = 0, fin = 0;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
+  if (!TUTTI_MPI_WARN(MPI_Initialized(&init))) return false;
+  if (!TUTTI_MPI_WARN(MPI_Finalized(&fin))) return false;
   return init && !fin;
 }
 
@@ -63,15 +72,22 @@ struct UserOps {
 std::mutex g_ops_mu;
 UserOps g_ops;
 
+template <DType D, ReduceOp O>
+void create_op(MPI_Op* row) {
+  TUTTI_MPI_CHECK(MPI_Op_create(&user_fn<D, O>, 1, &row[static_cast<int>(O)]),
+                  "creating tutti's ", dtype_name(D), " ", reduce_op_name(O),
+                  " reduction");
+}
+
 template <DType D>
 void create_float_ops(bool half) {
   MPI_Op* row = g_ops.ops[static_cast<int>(D)];
-  MPI_Op_create(&user_fn<D, ReduceOp::kMin>, 1, &row[static_cast<int>(ReduceOp::kMin)]);
-  MPI_Op_create(&user_fn<D, ReduceOp::kMax>, 1, &row[static_cast<int>(ReduceOp::kMax)]);
+  create_op<D, ReduceOp::kMin>(row);
+  create_op<D, ReduceOp::kMax>(row);
   if (half) {
-    MPI_Op_create(&user_fn<D, ReduceOp::kSum>, 1, &row[static_cast<int>(ReduceOp::kSum)]);
+    create_op<D, ReduceOp::kSum>(row);
     row[static_cast<int>(ReduceOp::kAvg)] = row[static_cast<int>(ReduceOp::kSum)];
-    MPI_Op_create(&user_fn<D, ReduceOp::kProd>, 1, &row[static_cast<int>(ReduceOp::kProd)]);
+    create_op<D, ReduceOp::kProd>(row);
   }
 }
 
@@ -129,11 +145,12 @@ std::string thread_level_problem(int granted, bool owned) {
 InitState initialize() {
   InitState s;
   if (is_initialized()) {
-    MPI_Query_thread(&s.thread_level);
+    TUTTI_MPI_CHECK(MPI_Query_thread(&s.thread_level),
+                    "asking the application's MPI for its thread level");
     s.owned = false;
   } else {
     int fin = 0;
-    MPI_Finalized(&fin);
+    TUTTI_MPI_CHECK(MPI_Finalized(&fin), "initialising MPI");
     if (fin)
       TUTTI_THROW(kUnsupported,
                   "MPI was already finalised in this process; tutti cannot "
@@ -146,8 +163,9 @@ InitState initialize() {
     // unless the user chose; other MPIs ignore the variable.
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
     const int wanted = requested_thread_level();
-    TUTTI_MPI_CHECK(
-        MPI_Init_thread(nullptr, nullptr, wanted, &s.thread_level));
+    TUTTI_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, wanted, &s.thread_level),
+                    "initialising MPI (asking for ", thread_level_name(wanted),
+                    ")");
     s.owned = true;
   }
   const std::string problem = thread_level_problem(s.thread_level, s.owned);
@@ -169,13 +187,14 @@ void finalize(const InitState& state) {
           MPI_Op& op = g_ops.ops[d][o];
           // kAvg aliases kSum for the 16-bit types: free each op once.
           if (op != MPI_OP_NULL && o != static_cast<int>(ReduceOp::kAvg))
-            MPI_Op_free(&op);
+            TUTTI_MPI_WARN(MPI_Op_free(&op), "shutting down");
           op = MPI_OP_NULL;
         }
     }
     g_ops.created = false;
   }
-  if (state.owned && is_initialized()) MPI_Finalize();
+  if (state.owned && is_initialized())
+    TUTTI_MPI_WARN(MPI_Finalize(), "shutting down");
 }
 
 MPI_Datatype datatype(DType dtype) {
@@ -231,11 +250,12 @@ void StallWatch::poll(Clock::time_point now) {
   report_(std::chrono::duration<double>(now - start_).count());
 }
 
-bool wait(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
-          StallWatch* stall) {
+bool wait(MPI_Request* request, const Deadline& deadline,
+          const comm::OpLabel& desc, MPI_Status* status, StallWatch* stall) {
   int rc = MPI_SUCCESS;
   const bool done = wait_rc(request, deadline, status, &rc, stall);
-  if (rc != MPI_SUCCESS) throw_mpi_error(rc, "MPI_Test", __FILE__, __LINE__);
+  if (rc != MPI_SUCCESS)
+    throw_mpi_error(rc, "MPI_Test", desc.str(), __FILE__, __LINE__);
   return done;
 }
 

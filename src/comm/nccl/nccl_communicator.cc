@@ -130,9 +130,12 @@ class NcclCommunicatorImpl {
       // collectives in one order on every rank.  MPI_Comm_dup is collective
       // on the host communicator: in order with its other operations.
       host->run_ordered([this] {
+        const std::string what =
+            detail::cat("setting up the agreement check of NCCL communicator '",
+                        name, "'");
         for (MPI_Comm* c : {&check, &check_detail}) {
-          TUTTI_MPI_CHECK(MPI_Comm_dup(host->comm(), c));
-          MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
+          TUTTI_MPI_CHECK(MPI_Comm_dup(host->comm(), c), what);
+          TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN), what);
         }
       });
     }
@@ -168,10 +171,8 @@ class NcclCommunicatorImpl {
     std::lock_guard<std::mutex> lock(nccl_mu);
     if (!comm) return;
     cuda::DeviceGuard g(device);
-    const ncclResult_t r = ncclCommAbort(comm);
+    TUTTI_NCCL_WARN(ncclCommAbort(comm), "NCCL communicator '", name, "'");
     comm = nullptr;
-    if (r != ncclSuccess)
-      TUTTI_LOG(kWarn) << "ncclCommAbort on '" << name << "': " << ncclGetErrorString(r);
   }
 
   // Waits (bounded) while an enqueue on the non-blocking communicator is in
@@ -235,17 +236,23 @@ void NcclCommunicatorImpl::close() {
     if (c) {
       const ncclResult_t rc =
           await(c, ncclCommFinalize(c), mpi::Deadline(settings.get().timeout_s));
+      const std::string what = detail::cat("closing NCCL communicator '", name, "'");
       if (rc == ncclSuccess) {
-        ncclCommDestroy(c);
+        TUTTI_NCCL_WARN(ncclCommDestroy(c), what);
       } else {
         TUTTI_LOG(kWarn) << "NCCL communicator '" << name << "': ncclCommFinalize "
                          << (rc == ncclInProgress ? "did not finish in time"
                                                   : ncclGetErrorString(rc))
                          << "; aborting it";
-        ncclCommAbort(c);
+        TUTTI_NCCL_WARN(ncclCommAbort(c), what);
       }
     }
-    if (scratch) cudaFree(scratch);
+    if (scratch) {
+      const cudaError_t e = cudaFree(scratch);
+      if (e != cudaSuccess)
+        TUTTI_LOG(kWarn) << "closing NCCL communicator '" << name
+                         << "': cudaFree failed: " << cudaGetErrorString(e);
+    }
     stream.reset();
   } catch (const std::exception& e) {
     TUTTI_LOG(kWarn) << "closing NCCL communicator '" << name << "': " << e.what();
@@ -253,7 +260,8 @@ void NcclCommunicatorImpl::close() {
   scratch = nullptr;
   if (mpi::is_initialized())
     for (MPI_Comm* m : {&check, &check_detail})
-      if (*m != MPI_COMM_NULL) MPI_Comm_free(m);
+      if (*m != MPI_COMM_NULL)
+        TUTTI_MPI_WARN(MPI_Comm_free(m), "closing NCCL communicator '", name, "'");
   check = check_detail = MPI_COMM_NULL;
 }
 
@@ -461,7 +469,9 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
   impl->rank = host ? host->rank() : 0;
   impl->size = host ? host->size() : 1;
   ncclUniqueId id;
-  if (impl->rank == 0) TUTTI_NCCL_CHECK(ncclGetUniqueId(&id));
+  if (impl->rank == 0)
+    TUTTI_NCCL_CHECK(ncclGetUniqueId(&id), "creating NCCL communicator '", name,
+                     "'");
   if (host) {
     Tensor t(&id, DType::kUInt8, Shape{static_cast<int64_t>(sizeof(id))});
     OpOptions o;
@@ -475,7 +485,9 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
   ncclResult_t rc = ncclCommInitRankConfig(&c, impl->size, id, impl->rank, &config);
   if (c) rc = await(c, rc, mpi::Deadline(timeout_s));
   if (rc != ncclSuccess) {
-    if (c) ncclCommAbort(c);
+    if (c)
+      TUTTI_NCCL_WARN(ncclCommAbort(c), "aborting the half-built NCCL communicator '",
+                      name, "'");
     if (rc != ncclInProgress)
       TUTTI_THROW(kNccl, "NCCL communicator '", name, "' (rank ", impl->rank,
                   " of ", impl->size, " on cuda:", device,
@@ -544,70 +556,54 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
     const std::string& name) {
   NcclCommunicatorImpl* parent = impl_.get();
   std::shared_ptr<NcclCommunicator> child;
-  std::exception_ptr err;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;
   // ncclCommSplit is collective over the parent: run it in order with the
   // parent's operations.
-  parent->engine.submit(
-      [&] {
-        try {
-          const std::string what = detail::cat(
-              "ncclCommSplit (color ", color, ", key ", key, ") of '",
-              parent->name, "' into '", name, "'");
-          parent->watchdog.throw_if_broken(what);
-          const double timeout_s = parent->settings.get().timeout_s;
-          const mpi::Deadline deadline(timeout_s);
-          ncclConfig_t config = nonblocking_config();
-          ncclComm_t out = nullptr;
-          ncclResult_t rc;
-          {
-            std::lock_guard<std::mutex> lock(parent->nccl_mu);
-            parent->watchdog.throw_if_broken(what);
-            cuda::DeviceGuard g(parent->device);
-            rc = ncclCommSplit(parent->comm,
-                               color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                               &out, &config);
-          }
-          rc = parent->settle(rc, deadline);
-          if (rc == ncclSuccess && out) rc = await(out, ncclInProgress, deadline);
-          if (rc != ncclSuccess) {
-            if (out) ncclCommAbort(out);
-            const Error e =
-                rc == ncclInProgress
-                    ? Error(ErrorCode::kTimeout,
-                            detail::cat(detail::rank_prefix(), what,
-                                        " did not complete within ",
-                                        timeout_s,
-                                        " s (TUTTI_TIMEOUT): a rank did not "
-                                        "take part"))
-                    : Error(ErrorCode::kNccl,
-                            detail::cat(detail::rank_prefix(), what,
-                                        " failed: ", result_text(rc, nullptr)));
-            // The parent's collective state is unknown now.
-            parent->watchdog.break_with(e, nullptr);
-            throw e;
-          }
-          if (out) {
-            auto impl = std::make_shared<NcclCommunicatorImpl>(
-                host_child, parent->device, name);
-            impl->comm = out;  // owned (and finalised) by impl from here
-            TUTTI_NCCL_CHECK(ncclCommUserRank(out, &impl->rank));
-            TUTTI_NCCL_CHECK(ncclCommCount(out, &impl->size));
-            child.reset(new NcclCommunicator(impl));
-          }
-        } catch (...) {
-          err = std::current_exception();
-        }
-        std::lock_guard<std::mutex> lock(mu);
-        finished = true;
-        cv.notify_all();
-      },
-      true);
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return finished; });
-  if (err) std::rethrow_exception(err);
+  parent->engine.run_and_wait([&] {
+      const std::string what = detail::cat(
+          "ncclCommSplit (color ", color, ", key ", key, ") of '",
+          parent->name, "' into '", name, "'");
+      parent->watchdog.throw_if_broken(what);
+      const double timeout_s = parent->settings.get().timeout_s;
+      const mpi::Deadline deadline(timeout_s);
+      ncclConfig_t config = nonblocking_config();
+      ncclComm_t out = nullptr;
+      ncclResult_t rc;
+      {
+        std::lock_guard<std::mutex> lock(parent->nccl_mu);
+        parent->watchdog.throw_if_broken(what);
+        cuda::DeviceGuard g(parent->device);
+        rc = ncclCommSplit(parent->comm,
+                           color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                           &out, &config);
+      }
+      rc = parent->settle(rc, deadline);
+      if (rc == ncclSuccess && out) rc = await(out, ncclInProgress, deadline);
+      if (rc != ncclSuccess) {
+        if (out) TUTTI_NCCL_WARN(ncclCommAbort(out), what);
+        const Error e =
+            rc == ncclInProgress
+                ? Error(ErrorCode::kTimeout,
+                        detail::cat(detail::rank_prefix(), what,
+                                    " did not complete within ",
+                                    timeout_s,
+                                    " s (TUTTI_TIMEOUT): a rank did not "
+                                    "take part"))
+                : Error(ErrorCode::kNccl,
+                        detail::cat(detail::rank_prefix(), what,
+                                    " failed: ", result_text(rc, nullptr)));
+        // The parent's collective state is unknown now.
+        parent->watchdog.break_with(e, nullptr);
+        throw e;
+      }
+      if (out) {
+        auto impl = std::make_shared<NcclCommunicatorImpl>(
+            host_child, parent->device, name);
+        impl->comm = out;  // owned (and finalised) by impl from here
+        TUTTI_NCCL_CHECK(ncclCommUserRank(out, &impl->rank), what);
+        TUTTI_NCCL_CHECK(ncclCommCount(out, &impl->size), what);
+        child.reset(new NcclCommunicator(impl));
+      }
+  });
   return child;
 }
 

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <thread>
 
+#include "tutti/log.h"
+
 namespace tutti {
 namespace nccl {
 
@@ -14,6 +16,12 @@ std::string result_text(ncclResult_t r, ncclComm_t comm) {
   const char* last = ncclGetLastError(comm);
   if (last && *last) s += detail::cat(" (", last, ")");
   return s;
+}
+
+bool nccl_ok(ncclResult_t r, const char* expr, const std::string& context) {
+  if (r == ncclSuccess) return true;
+  TUTTI_LOG(kWarn) << detail::call_failed(expr, context, result_text(r, nullptr));
+  return false;
 }
 
 ncclDataType_t nccl_type(DType d) {
