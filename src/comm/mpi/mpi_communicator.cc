@@ -231,38 +231,64 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   return work;
 }
 
+// One numbered op while it runs on the engine (a collective or a split):
+// peers' status queries see it entered, and finished once the scope ends
+// (whether it succeeded or threw), so a timed-out rank names exactly the
+// ranks that never arrived; the stall inspector watches it (stall_) until
+// then.  Engine thread only, one at a time.
+class MpiCommunicator::RunningOp {
+ public:
+  RunningOp(MpiCommunicator& c, uint64_t seq, uint8_t kind,
+            const comm::OpLabel& desc, size_t bytes, double stall_warn_s,
+            double timeout_s)
+      : c_(c), desc_(desc), seq_(seq), bytes_(bytes),
+        stall_warn_s_(stall_warn_s), timeout_s_(timeout_s) {
+    c_.progress_->kind = kind;
+    c_.progress_->entered = seq;
+    // Quiet unless the op waits TUTTI_STALL_WARN_S.  The callback captures
+    // one pointer (no allocation per op).
+    if (c_.size_ > 1 && stall_warn_s > 0) {
+      stall_.emplace(stall_warn_s, [this](double waited) {
+        c_.warn_stall(desc_, bytes_, seq_, waited, stall_warn_s_, timeout_s_,
+                      phase_);
+      });
+      c_.stall_ = &*stall_;
+    }
+  }
+  ~RunningOp() {
+    c_.stall_ = nullptr;
+    c_.progress_->completed = seq_;
+  }
+  RunningOp(const RunningOp&) = delete;
+  RunningOp& operator=(const RunningOp&) = delete;
+  // What the op waits for now, for the stall warning.
+  void set_phase(const char* phase) { phase_ = phase; }
+
+ private:
+  MpiCommunicator& c_;
+  const comm::OpLabel& desc_;
+  uint64_t seq_;
+  size_t bytes_;
+  double stall_warn_s_;
+  double timeout_s_;
+  const char* phase_ = "agreeing on the operation";
+  std::optional<StallWatch> stall_;
+};
+
 void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
   const OpRequest& r = q->request;
   const uint64_t seq = ++next_seq_;
   const comm::OpLabel desc(r, seq, name_);
   work.start(seq, std::shared_ptr<const OpRequest>(q, &q->request), name_);
+  std::exception_ptr error;
   try {
     if (closed_ || poisoned_)
       TUTTI_THROW(kAborted, desc, ": communicator '", name_,
                   "' is unusable after an earlier failure");
-    progress_->kind = static_cast<uint8_t>(r.kind);
-    progress_->entered = seq;
+    RunningOp running(*this, seq, static_cast<uint8_t>(r.kind), desc,
+                      comm::payload_bytes(r), q->stall_warn_s,
+                      r.options.timeout_s);
     const Deadline deadline(r.options.timeout_s);
-    // The stall inspector: quiet unless the op waits TUTTI_STALL_WARN_S.
-    // Its callback captures two pointers (no allocation per op).
-    struct StallCtx {
-      const comm::OpLabel& desc;
-      const Queued& q;
-      uint64_t seq;
-      const char* phase;
-    } ctx{desc, *q, seq, "agreeing on the operation"};
-    std::optional<StallWatch> stall;
-    if (size_ > 1 && q->stall_warn_s > 0)
-      stall.emplace(q->stall_warn_s, [this, &ctx](double waited) {
-        warn_stall(ctx.desc, comm::payload_bytes(ctx.q.request), ctx.seq,
-                   waited, ctx.q.stall_warn_s, ctx.q.request.options.timeout_s,
-                   ctx.phase);
-      });
-    struct Reset {
-      StallWatch*& p;
-      ~Reset() { p = nullptr; }
-    } reset{stall_};
-    stall_ = stall ? &*stall : nullptr;
     // Local validation first, but a bad rank still joins the agreement
     // check so that its peers fail too instead of waiting for it.
     std::exception_ptr local_error;
@@ -283,14 +309,14 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
                       }, stall_);
     }
     if (local_error) std::rethrow_exception(local_error);
-    ctx.phase = "exchanging data";
+    running.set_phase("exchanging data");
     run_collective(r, deadline, desc, seq);
-    progress_->completed = seq;
-    work.finish();
   } catch (...) {
-    progress_->completed = seq;
-    work.finish(std::current_exception());
+    error = std::current_exception();
   }
+  // After the RunningOp ended: peers see the op finished before its waiter
+  // is released.
+  work.finish(error);
 }
 
 void MpiCommunicator::check_agreement(MPI_Comm check_comm,
@@ -473,66 +499,62 @@ void MpiCommunicator::run_ordered(const std::function<void()>& fn) {
   engine_.run_and_wait(fn);
 }
 
+void MpiCommunicator::run_split(
+    uint8_t kind, const std::string& detail,
+    const std::function<void(const comm::OpLabel&, uint64_t, const Deadline&)>&
+        body) {
+  engine_.run_and_wait([&] {
+    const uint64_t seq = ++next_seq_;
+    const comm::OpLabel desc(detail::cat(
+        kind == comm::kSplitSharedKind ? "node split #" : "split #", seq,
+        detail, " of group '", name_, "'"));
+    if (closed_ || poisoned_)
+      TUTTI_THROW(kAborted, desc, ": communicator '", name_,
+                  "' is unusable after an earlier failure");
+    const comm::CommSettings::Values settings = settings_.get();
+    RunningOp running(*this, seq, kind, desc, 0, settings.stall_warn_s,
+                      settings.timeout_s);
+    const Deadline deadline(settings.timeout_s);
+    if (size_ > 1 && settings.check_ops) {
+      comm::WireDesc w;
+      w.seq = seq;
+      w.kind = kind;
+      check_agreement(check_, w, false, desc, deadline, [&] {
+        fail_timeout(desc, seq, settings.timeout_s, "agreeing on the operation");
+      }, stall_);
+    }
+    running.set_phase("splitting the communicator");
+    body(desc, seq, deadline);
+  });
+}
+
 std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
     int color, int key, const std::string& name) {
   std::shared_ptr<MpiCommunicator> child;
-  run_ordered([&] {
-    const uint64_t seq = ++next_seq_;
-    const comm::OpLabel desc(detail::cat("split #", seq, " (color ", color,
-                                         ", key ", key, ") of group '", name_,
-                                         "'"));
-    if (closed_ || poisoned_)
-      TUTTI_THROW(kAborted, desc, ": communicator is unusable");
-    const double timeout = config::get_double("TUTTI_TIMEOUT");
-    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
-      comm::WireDesc w;
-      w.seq = seq;
-      w.kind = comm::kSplitKind;
-      check_agreement(check_, w, false, desc, Deadline(timeout), [&] {
-        fail_timeout(desc, seq, timeout, "agreeing on the operation");
-      });
-    }
-    const uint32_t index = splits_++;
-    MPI_Comm out = MPI_COMM_NULL;
-    TUTTI_MPI_CHECK(MPI_Comm_split(data_, color < 0 ? MPI_UNDEFINED : color,
-                                   key, &out),
-                    desc);
-    if (out == MPI_COMM_NULL) return;
-    child = std::make_shared<MpiCommunicator>(
-        out, name.empty() ? name_ + "/" + std::to_string(color) : name,
-        mix_id(comm_id_, index, static_cast<uint64_t>(color)));
-  });
+  run_split(comm::kSplitKind, detail::cat(" (color ", color, ", key ", key, ")"),
+            [&](const comm::OpLabel& desc, uint64_t, const Deadline&) {
+              // Every rank agreed on the split: MPI_Comm_split (blocking;
+              // MPI has no non-blocking form) finds them all there.
+              const uint32_t index = splits_++;
+              MPI_Comm out = MPI_COMM_NULL;
+              TUTTI_MPI_CHECK(MPI_Comm_split(data_,
+                                             color < 0 ? MPI_UNDEFINED : color,
+                                             key, &out),
+                              desc);
+              if (out == MPI_COMM_NULL) return;
+              child = std::make_shared<MpiCommunicator>(
+                  out, name.empty() ? name_ + "/" + std::to_string(color) : name,
+                  mix_id(comm_id_, index, static_cast<uint64_t>(color)));
+            });
   return child;
 }
 
 std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
     const std::string& name) {
   std::shared_ptr<MpiCommunicator> child;
-  run_ordered([&] {
-    // Numbered, checked and bounded like split_mpi: a rank that runs
-    // another op here gets kMismatch, one that never arrives kTimeout.
-    const uint64_t seq = ++next_seq_;
-    const comm::OpLabel desc(detail::cat("node split #", seq, " of group '", name_, "'"));
-    if (closed_ || poisoned_)
-      TUTTI_THROW(kAborted, desc, ": communicator is unusable");
-    // Peers' status queries see this rank arrive (a stalled peer's report
-    // names the ranks that never did).
-    progress_->entered = seq;
-    struct Done {
-      CommProgress& p;
-      uint64_t seq;
-      ~Done() { p.completed = seq; }
-    } done{*progress_, seq};
-    const double timeout = config::get_double("TUTTI_TIMEOUT");
-    const Deadline deadline(timeout);
-    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
-      comm::WireDesc w;
-      w.seq = seq;
-      w.kind = comm::kSplitSharedKind;
-      check_agreement(check_, w, false, desc, deadline, [&] {
-        fail_timeout(desc, seq, timeout, "agreeing on the operation");
-      });
-    }
+  run_split(comm::kSplitSharedKind, "", [&](const comm::OpLabel& desc,
+                                            uint64_t seq,
+                                            const Deadline& deadline) {
     const uint32_t index = splits_++;
     MPI_Comm out = MPI_COMM_NULL;
     TUTTI_MPI_CHECK(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_,
@@ -549,9 +571,9 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
       TUTTI_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, lowest_buf.get(), 1, MPI_INT,
                                      MPI_MIN, out, &req),
                       desc, " (naming the node group)");
-      if (!wait(&req, deadline, desc)) {
+      if (!wait(&req, deadline, desc, MPI_STATUS_IGNORE, stall_)) {
         (void)lowest_buf.release();
-        fail_timeout(desc, seq, timeout, "naming the node group");
+        fail_timeout(desc, seq, deadline.seconds(), "naming the node group");
       }
     } catch (...) {
       // Freed by MPI once a pending request completes.

@@ -59,7 +59,7 @@ class MpiCommunicator : public Communicator,
   bool poisoned() const { return poisoned_.load(); }
 
   // Runs `fn` on the progress engine, in order with the collectives (used by
-  // split and by backends that bootstrap over this communicator).
+  // backends that bootstrap over this communicator).
   void run_ordered(const std::function<void()>& fn);
 
   // Host-side agreement check used by this communicator and by the NCCL
@@ -84,6 +84,7 @@ class MpiCommunicator : public Communicator,
                                  double seconds, const char* phase);
 
  private:
+  class RunningOp;
   // An operation as queued: the request plus the settings in force when it
   // was submitted.
   struct Queued {
@@ -92,6 +93,15 @@ class MpiCommunicator : public Communicator,
     double stall_warn_s = 0;  // TUTTI_STALL_WARN_S
   };
   void execute(const std::shared_ptr<Queued>& q, comm::CpuWork& work);
+  // A split, which is no OpRequest, under execute()'s discipline: numbered
+  // like the collectives, agreed (wire kind `kind`: a split against another
+  // op is kMismatch on every rank), recorded for peers' status queries and
+  // the stall inspector, bounded by TUTTI_TIMEOUT.  Runs on the engine;
+  // `body` runs once every rank agreed, with the op's deadline.  `detail`
+  // follows the kind and number in the label (" (color 1, key 0)").
+  void run_split(uint8_t kind, const std::string& detail,
+                 const std::function<void(const comm::OpLabel& desc, uint64_t seq,
+                                          const Deadline& deadline)>& body);
   // World ranks of the other members.
   std::vector<int> peer_world_ranks() const;
   void run_collective(const OpRequest& r, const Deadline& deadline,
@@ -116,8 +126,8 @@ class MpiCommunicator : public Communicator,
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
   comm::CommSettings settings_;  // the hot path must not parse the environment
-  // The running collective's stall watch (engine thread only; null between
-  // ops and when TUTTI_STALL_WARN_S is 0).
+  // The running op's stall watch (engine thread only; null between ops and
+  // when TUTTI_STALL_WARN_S is 0).  Set by RunningOp.
   StallWatch* stall_ = nullptr;
 };
 

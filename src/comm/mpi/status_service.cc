@@ -201,6 +201,13 @@ std::vector<PeerStatus> StatusService::query(uint64_t comm_id,
 
 namespace {
 
+// CommProgress::kind: a CollectiveKind or one of the split kinds.
+const char* kind_name(uint8_t kind) {
+  if (kind == comm::kSplitKind) return "split";
+  if (kind == comm::kSplitSharedKind) return "node split";
+  return collective_kind_name(static_cast<CollectiveKind>(kind));
+}
+
 // " (last entered #4 barrier, finished it)" for a peer that did not reach
 // the op.
 std::string where_is(const PeerStatus& p) {
@@ -211,8 +218,7 @@ std::string where_is(const PeerStatus& p) {
     os << " (has not started any operation)";
   else
     os << " (last entered #" << p.entered << " "
-       << collective_kind_name(static_cast<CollectiveKind>(p.kind))
-       << (p.completed >= p.entered ? ", finished it" : ", still in it") << ")";
+       << kind_name(p.kind) << (p.completed >= p.entered ? ", finished it" : ", still in it") << ")";
   return os.str();
 }
 

@@ -27,7 +27,8 @@ namespace mpi {
 struct CommProgress {
   std::atomic<uint64_t> entered{0};    // seq of the last op started
   std::atomic<uint64_t> completed{0};  // seq of the last op finished
-  std::atomic<uint8_t> kind{0};        // CollectiveKind of `entered`
+  // CollectiveKind of `entered`, or comm::kSplitKind / kSplitSharedKind.
+  std::atomic<uint8_t> kind{0};
 };
 
 struct PeerStatus {
