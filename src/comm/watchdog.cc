@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/backoff.h"
 #include "core/check.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -70,6 +71,7 @@ void Watchdog::add(std::shared_ptr<WatchedOp> op, uint64_t seq,
     item.deadline = start + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(timeout_s));
   items_.push_back(std::move(item));
+  ++changes_;
   cv_.notify_all();
 }
 
@@ -100,6 +102,7 @@ size_t Watchdog::poll(Clock::time_point now) {
     }
     if (done) {
       it = items_.erase(it);
+      ++changes_;
       continue;
     }
     if (it->timeout_s > 0 && now >= it->deadline) {
@@ -245,6 +248,15 @@ void Watchdog::loop(std::chrono::microseconds interval,
                     const ThreadSetup& setup) {
   pthread_setname_np(pthread_self(), "tutti-watchdog");
   const std::shared_ptr<void> held = setup ? setup() : nullptr;
+  // While the same ops stay in flight (a late peer, a long kernel) the
+  // passes thin out: the pause doubles from `interval` up to the waits'
+  // sleep cap (TUTTI_MPI_WAIT_SLEEP_US, comm/backoff.h), so a stalled op
+  // does not wake this thread thousands of times a second; any change in
+  // the set starts again from `interval`.
+  const auto cap = std::max<std::chrono::microseconds>(
+      interval, std::chrono::microseconds(wait_sleep_cap_us()));
+  auto pause = interval;
+  uint64_t seen = ~uint64_t{0};
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || (!items_.empty() && !broken_); });
@@ -252,7 +264,9 @@ void Watchdog::loop(std::chrono::microseconds interval,
     lock.unlock();
     poll();
     lock.lock();
-    cv_.wait_for(lock, interval, [&] { return stop_; });
+    pause = changes_ == seen ? std::min(cap, pause * 2) : interval;
+    seen = changes_;
+    cv_.wait_for(lock, pause, [&] { return stop_; });
   }
 }
 

@@ -101,7 +101,8 @@ class Watchdog {
   // What a polling thread holds for its lifetime (a cuda::DeviceGuard).
   using ThreadSetup = std::function<std::shared_ptr<void>()>;
   // Polls on a thread of its own every `interval` while ops are in flight
-  // (idle otherwise).  `setup` runs first on that thread and what it
+  // (idle otherwise); while no op is added or completes, the pause doubles
+  // up to TUTTI_MPI_WAIT_SLEEP_US (comm/backoff.h).  `setup` runs first on that thread and what it
   // returns lives as long as the thread (set the device there).
   void start_thread(std::chrono::microseconds interval,
                     ThreadSetup setup = nullptr);
@@ -127,6 +128,7 @@ class Watchdog {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> items_;  // start order
+  uint64_t changes_ = 0;    // ops added or completed (the thread's backoff)
   bool broken_ = false;
   std::string cause_;
   double stall_warn_s_ = 0;

@@ -4,7 +4,10 @@
 //    the work queued before it and rethrows what its function threw;
 //  * the checked-call macros: every MPI and NCCL call's failure becomes a
 //    tutti::Error naming the rank, the context (op, group, peer) and the
-//    call, and the non-throwing forms log and report instead.
+//    call, and the non-throwing forms log and report instead;
+//  * comm::Backoff, the one waiting policy of the MPI waits and the NCCL
+//    host polls (issue 15: the NCCL side yielded without ever sleeping),
+//    on a fake clock.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,9 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include "comm/backoff.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/progress_engine.h"
 #include "core/check.h"
+#include "tutti/config.h"
 #if TUTTI_WITH_NCCL
 #include "comm/nccl/nccl_utils.h"
 #endif
@@ -143,6 +148,81 @@ TEST(NcclCheck, ThrowsKNcclWithContextAndNcclText) {
   EXPECT_FALSE(ok);
 }
 #endif
+
+using comm::Backoff;
+using us = std::chrono::microseconds;
+
+// Steps of a wait that never completes, the clock advancing `tick` per poll.
+std::vector<Backoff::Step> steps(int64_t cap_us, us tick, int n) {
+  Backoff b(cap_us);
+  auto now = Backoff::Clock::time_point{} + std::chrono::seconds(1);
+  std::vector<Backoff::Step> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(b.next(now));
+    now += tick + us(out.back().sleep_us);
+  }
+  return out;
+}
+
+TEST(Backoff, SpinsThenYieldsThenSleepsDoublingToTheCap) {
+  // 1 us per poll: 64 spins, 200 yields (until 200 us passed), then sleeps.
+  const auto s = steps(1000, us(1), 64 + 200 + 10);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(s[i].kind, Backoff::Kind::kSpin) << i;
+    EXPECT_FALSE(s[i].check_clock) << i;
+  }
+  int checks = 0;
+  for (int i = 64; i < 264; ++i) {
+    ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
+    checks += s[i].check_clock;
+  }
+  EXPECT_EQ(checks, 200 / 64);  // every 64th yield looks at the clock
+  const int64_t want[] = {20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000};
+  for (int k = 0; k < 10; ++k) {
+    EXPECT_EQ(s[264 + k].kind, Backoff::Kind::kSleep) << k;
+    EXPECT_EQ(s[264 + k].sleep_us, want[k]) << k;
+    EXPECT_TRUE(s[264 + k].check_clock) << k;
+  }
+}
+
+TEST(Backoff, CapZeroYieldsForever) {
+  const auto s = steps(0, us(50), 64 + 1000);
+  for (size_t i = 64; i < s.size(); ++i)
+    ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
+}
+
+TEST(Backoff, CapBelowTheFirstSleepIsTheSleep) {
+  const auto s = steps(5, us(100), 64 + 3 + 3);
+  // 100 us per poll: two yields see < 200 us, the rest sleep 5 us.
+  EXPECT_EQ(s[64].kind, Backoff::Kind::kYield);
+  EXPECT_EQ(s[65].kind, Backoff::Kind::kYield);
+  for (int i = 66; i < 70; ++i) {
+    EXPECT_EQ(s[i].kind, Backoff::Kind::kSleep) << i;
+    EXPECT_EQ(s[i].sleep_us, 5) << i;
+  }
+}
+
+TEST(Backoff, CapFollowsTheSettingAfterReload) {
+  setenv("TUTTI_MPI_WAIT_SLEEP_US", "250", 1);
+  config::reload();
+  EXPECT_EQ(comm::wait_sleep_cap_us(), 250);
+  unsetenv("TUTTI_MPI_WAIT_SLEEP_US");
+  config::reload();
+  EXPECT_EQ(comm::wait_sleep_cap_us(), 1000);
+}
+
+// A real wait of 30 ms under the policy sleeps for most of it: few polls
+// (a yielding wait polls tens of thousands of times).
+TEST(Backoff, LongWaitPollsRarely) {
+  Backoff b(1000);
+  const auto end = Backoff::Clock::now() + std::chrono::milliseconds(30);
+  int polls = 0;
+  while (Backoff::Clock::now() < end) {
+    ++polls;
+    b.next_and_pause();
+  }
+  EXPECT_LT(polls, 64 + 2000 + 60) << "the wait did not back off to sleeps";
+}
 
 }  // namespace
 }  // namespace tutti

@@ -1,7 +1,5 @@
 #include "comm/mpi/mpi_runtime.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -9,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/backoff.h"
 #include "core/cpu_reduce.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -259,71 +258,26 @@ bool wait(MPI_Request* request, const Deadline& deadline,
   return done;
 }
 
-namespace {
-
-// TUTTI_MPI_WAIT_SLEEP_US, re-read when the settings generation changes
-// (per thread: waits run on several threads and must not share a lock).
-int64_t max_sleep_us() {
-  thread_local uint64_t generation = ~uint64_t{0};
-  thread_local int64_t value = 1000;
-  const uint64_t g = config::generation();
-  if (g != generation) {
-    value = config::get_int("TUTTI_MPI_WAIT_SLEEP_US");
-    generation = g;
-  }
-  return value;
-}
-
-}  // namespace
-
 bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
              int* rc, StallWatch* stall) {
   // Open MPI's MPI_Wait polls its progress engine in a loop (a core at 100%
   // for as long as the wait lasts; it also cannot honour the deadline), so
-  // the blocking wait is built here from MPI_Test and sleeps:
-  //  1. kSpinPolls back-to-back polls: a small collective whose peers are
-  //     already there completes in a few microseconds;
-  //  2. polls separated by sched_yield() for the first kYieldUs: one ring
-  //     step of a large message, an oversubscribed peer's turn;
-  //  3. polls separated by sleeps growing x2 from kFirstSleepUs up to
-  //     TUTTI_MPI_WAIT_SLEEP_US: a late peer, a long transfer.  Each poll
-  //     also progresses MPI (non-blocking collectives advance only inside
-  //     MPI calls), and a completion is seen at most one sleep late, so the
-  //     added latency is bounded by min(time already waited, the cap).
-  //     The stall inspector (`stall`) is polled where the deadline is
-  //     checked: never in phase 1, so a prompt op does not touch it.
-  // A cap of 0 keeps phase 2 for the whole wait (the former busy wait).
-  constexpr int kSpinPolls = 64;
-  constexpr int64_t kYieldUs = 200;
-  constexpr int64_t kFirstSleepUs = 20;
-  using Clock = std::chrono::steady_clock;
+  // the blocking wait is built here from MPI_Test and comm::Backoff (spin,
+  // yield, then sleeps up to TUTTI_MPI_WAIT_SLEEP_US).  Each poll also
+  // progresses MPI (non-blocking collectives advance only inside MPI
+  // calls).  The stall inspector (`stall`) is polled where the deadline is
+  // checked: never while spinning, so a prompt op does not touch it.
+  comm::Backoff backoff(comm::wait_sleep_cap_us());
   int flag = 0;
-  *rc = MPI_SUCCESS;
-  for (int i = 0; i < kSpinPolls; ++i) {
+  for (;;) {
     *rc = MPI_Test(request, &flag, status);
     if (*rc != MPI_SUCCESS || flag) return true;
-  }
-  const auto start = Clock::now();
-  const auto yield_until = start + std::chrono::microseconds(kYieldUs);
-  const int64_t cap = max_sleep_us();
-  int64_t sleep_us = kFirstSleepUs;
-  for (uint64_t i = 0;; ++i) {
-    *rc = MPI_Test(request, &flag, status);
-    if (*rc != MPI_SUCCESS || flag) return true;
-    const bool yielding = cap <= 0 || Clock::now() < yield_until;
-    // Yielding polls are cheap; look at the clock for the deadline (and the
-    // stall inspector) only every 64th of them.  Sleeping polls are few:
-    // check each time.
-    if (!yielding || (i & 63) == 63) {
+    const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
+    if (step.check_clock) {
       if (deadline.expired()) return false;
-      if (stall) stall->poll(Clock::now());
+      if (stall) stall->poll(comm::Backoff::Clock::now());
     }
-    if (yielding) {
-      sched_yield();
-      continue;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-    sleep_us = std::min(cap, sleep_us * 2);
+    comm::Backoff::pause(step);
   }
 }
 

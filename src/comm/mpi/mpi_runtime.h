@@ -98,9 +98,9 @@ class StallWatch {
 };
 
 // Polls `request` until it completes (true) or the deadline passes (false;
-// the request is left pending).  An MPI error throws kMpi naming `desc`.  Spins briefly, yields for a few hundred
-// microseconds, then sleeps between polls with exponential backoff up to
-// TUTTI_MPI_WAIT_SLEEP_US, so a long wait (a late peer) costs little CPU:
+// the request is left pending).  An MPI error throws kMpi naming `desc`.
+// Backs off as comm::Backoff says (spin, yield, then sleeps up to
+// TUTTI_MPI_WAIT_SLEEP_US), so a long wait (a late peer) costs little CPU:
 // the cores stay with the computation the communication overlaps.
 // A `stall` watch is polled alongside the deadline.
 bool wait(MPI_Request* request, const Deadline& deadline,

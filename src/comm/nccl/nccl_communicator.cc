@@ -3,14 +3,13 @@
 #include "core/check.h"
 
 #if TUTTI_WITH_NCCL
-#include <sched.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
+#include "comm/backoff.h"
 #include "comm/comm_settings.h"
 #include "comm/mpi/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -298,15 +297,19 @@ void CudaWork::synchronize() {
   wait_started(lock);
   cuda::DeviceGuard g(device_);
   // The watchdog bounds this loop: at the deadline it fails the work.
-  for (uint64_t i = 0;; ++i) {
+  // Backs off like the MPI waits (comm::Backoff); a sleep is a wait on cv_,
+  // so a failure (fail()) wakes it at once.
+  comm::Backoff backoff(comm::wait_sleep_cap_us());
+  for (;;) {
     if (error_) std::rethrow_exception(error_);
     if (progress(lock)) return;
-    if (i < 64) {
-      lock.unlock();
-      sched_yield();
-      lock.lock();
+    const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
+    if (step.kind == comm::Backoff::Kind::kSleep) {
+      cv_.wait_for(lock, std::chrono::microseconds(step.sleep_us));
     } else {
-      cv_.wait_for(lock, std::chrono::microseconds(50));
+      lock.unlock();
+      comm::Backoff::pause(step);
+      lock.lock();
     }
   }
 }

@@ -1,11 +1,7 @@
 #include "comm/nccl/nccl_utils.h"
 
 #if TUTTI_WITH_NCCL
-#include <sched.h>
-
-#include <chrono>
-#include <thread>
-
+#include "comm/backoff.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -64,13 +60,13 @@ ncclResult_t await(ncclComm_t comm, ncclResult_t rc,
 
 ncclResult_t await(const std::function<ncclResult_t(ncclResult_t*)>& query,
                    ncclResult_t rc, const mpi::Deadline& deadline) {
-  for (uint64_t i = 0; rc == ncclInProgress; ++i) {
-    if (deadline.expired()) return ncclInProgress;
-    // Enqueues finish within microseconds; init and split take longer.
-    if (i < 64)
-      sched_yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  // Enqueues settle within microseconds (the spinning polls); init and
+  // split wait for every rank, and back off to sleeps like the MPI waits.
+  comm::Backoff backoff(comm::wait_sleep_cap_us());
+  while (rc == ncclInProgress) {
+    const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
+    if (step.check_clock && deadline.expired()) return ncclInProgress;
+    comm::Backoff::pause(step);
     ncclResult_t state = ncclSuccess;
     const ncclResult_t q = query(&state);
     if (q != ncclSuccess) return q;
