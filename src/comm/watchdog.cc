@@ -41,6 +41,21 @@ uint64_t Watchdog::stall_warnings() const {
   return stall_warnings_;
 }
 
+std::string Watchdog::last_stall_warning() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_stall_warning_;
+}
+
+std::string Watchdog::peer_report(uint64_t seq, bool stall) const {
+  if (!hooks_.peers) return "";
+  try {
+    const std::string report = hooks_.peers(seq, stall);
+    return report.empty() ? "" : "; " + report;
+  } catch (const std::exception& e) {
+    return detail::cat("; peers could not be asked: ", e.what());
+  }
+}
+
 Watchdog::Clock::duration Watchdog::stall_period() const {
   // At least a millisecond, so that a tiny setting cannot spin poll().
   return std::max<Clock::duration>(
@@ -79,7 +94,12 @@ size_t Watchdog::poll(Clock::time_point now) {
   std::lock_guard<std::mutex> one_pass(poll_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   if (broken_) return 0;
-  std::vector<std::string> stalls;  // logged without the lock
+  // Logged without the lock, the peers' report between head and tail.
+  struct Stall {
+    uint64_t seq;
+    std::string head, tail;
+  };
+  std::vector<Stall> stalls;
   // Ops leave in any order: a later op's check may finish first.
   for (auto it = items_.begin(); it != items_.end();) {
     bool done = false;
@@ -111,34 +131,45 @@ size_t Watchdog::poll(Clock::time_point now) {
         oldest = detail::cat(" (the oldest operation still in flight is ",
                              items_.front().desc, ", ",
                              items_.front().op->phase(), ")");
-      const Error cause(
-          ErrorCode::kTimeout,
+      const std::string head =
           detail::cat(detail::rank_prefix(), it->desc, " did not complete within ",
                       it->timeout_s, " s (TUTTI_TIMEOUT) while ",
-                      it->op->phase(), oldest, "; the ", transport_,
+                      it->op->phase(), oldest);
+      const uint64_t seq = it->seq;
+      const WatchedOp* culprit = it->op.get();
+      lock.unlock();
+      // Asked without the lock (the ops stay registered: nothing else
+      // breaks the communicator meanwhile but a concurrent cause, which
+      // wins in break_with).
+      const Error cause(
+          ErrorCode::kTimeout,
+          detail::cat(head, peer_report(seq, false), "; the ", transport_,
                       " communicator '", name_,
                       "' was aborted (a peer vanished, hung, or issued "
                       "different operations). The communicator is unusable "
                       "now."));
-      const WatchedOp* culprit = it->op.get();
-      lock.unlock();
       break_with(cause, culprit);
       return 0;
     }
     if (stall_warn_s_ > 0 && now >= it->next_warn) {
       while (it->next_warn <= now) it->next_warn += stall_period();
       ++stall_warnings_;
-      stalls.push_back(detail::cat(
-          "stall: ", it->desc, " has been in flight for ",
-          static_cast<int64_t>(
-              std::chrono::duration<double>(now - it->start).count() * 10) /
-              10.0,
-          " s while ", it->op->phase(), " on the ", transport_,
-          " communicator '", name_, "' (TUTTI_STALL_WARN_S=", stall_warn_s_,
-          it->timeout_s > 0
-              ? detail::cat("; fails at TUTTI_TIMEOUT=", it->timeout_s, " s")
-              : std::string("; no timeout"),
-          ")"));
+      stalls.push_back(
+          {it->seq,
+           detail::cat("stall: ", it->desc, " has been in flight for ",
+                       static_cast<int64_t>(
+                           std::chrono::duration<double>(now - it->start)
+                               .count() *
+                           10) /
+                           10.0,
+                       " s while ", it->op->phase(), " on the ", transport_,
+                       " communicator '", name_, "'"),
+           detail::cat(" (TUTTI_STALL_WARN_S=", stall_warn_s_,
+                       it->timeout_s > 0
+                           ? detail::cat("; fails at TUTTI_TIMEOUT=",
+                                         it->timeout_s, " s")
+                           : std::string("; no timeout"),
+                       ")")});
     }
     ++it;
   }
@@ -146,7 +177,12 @@ size_t Watchdog::poll(Clock::time_point now) {
   std::string oldest = left ? items_.front().desc : std::string();
   const WatchedOp* culprit = left ? items_.front().op.get() : nullptr;
   lock.unlock();
-  for (const auto& m : stalls) TUTTI_LOG(kWarn) << m;
+  for (const auto& s : stalls) {
+    const std::string m = s.head + peer_report(s.seq, true) + s.tail;
+    TUTTI_LOG(kWarn) << m;
+    std::lock_guard<std::mutex> relock(mu_);
+    last_stall_warning_ = m;
+  }
   if (hooks_.async_error) {
     const std::string err = hooks_.async_error();
     if (!err.empty()) {

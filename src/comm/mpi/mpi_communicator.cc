@@ -342,20 +342,12 @@ void MpiCommunicator::warn_stall(const comm::OpLabel& desc, size_t bytes,
                                  double period_s, double timeout_s,
                                  const char* phase) {
   if (!log_enabled(LogLevel::kWarn)) return;
-  std::string report;
-  if (StatusService::instance().running()) {
-    auto st = StatusService::instance().query(
-        comm_id_, peer_world_ranks(),
-        static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
-    report = describe_stall(st, seq, world_ranks_[rank_]);
-  } else {
-    report = "peers could not be asked (the status service is stopped)";
-  }
+  const std::string report =
+      peer_report(comm_id_, peer_world_ranks(), seq, world_ranks_[rank_],
+                  /*stall=*/true, name_ == "world");
   TUTTI_LOG(kWarn) << "stall: " << desc << " (" << bytes << " bytes) has waited "
                    << static_cast<int64_t>(waited_s) << " s while " << phase
-                   << "; " << report
-                   << (name_ == "world" ? "" : " [world ranks]")
-                   << " (TUTTI_STALL_WARN_S=" << period_s << "; "
+                   << "; " << report << " (TUTTI_STALL_WARN_S=" << period_s << "; "
                    << (timeout_s > 0
                            ? detail::cat("fails at TUTTI_TIMEOUT=", timeout_s, " s")
                            : std::string("no timeout"))
@@ -368,20 +360,13 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
   // Remembered process-wide: shutdown() must not finalise MPI even after
   // this communicator is destroyed (MPI_Finalize would wait for the peer).
   comm::note_communicator_poisoned();
-  std::string report;
-  if (StatusService::instance().running()) {
-    auto st = StatusService::instance().query(
-        comm_id_, peer_world_ranks(),
-        static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
-    report = describe_stragglers(st, seq);
-  } else {
-    report = "peers could not be asked (the status service is stopped)";
-  }
+  const std::string report =
+      peer_report(comm_id_, peer_world_ranks(), seq, world_ranks_[rank_],
+                  /*stall=*/false, name_ == "world");
   const Error error(
       ErrorCode::kTimeout,
       detail::cat(detail::rank_prefix(), desc, " did not complete within ",
                   seconds, " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
-                  name_ == "world" ? "" : " [world ranks]",
                   ". The communicator is unusable now."));
   comm::communicator_broke(error);
   throw error;

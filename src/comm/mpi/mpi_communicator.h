@@ -48,6 +48,8 @@ class MpiCommunicator : public Communicator,
   std::shared_ptr<MpiCommunicator> split_shared(const std::string& name);
 
   MPI_Comm comm() const { return data_; }
+  // World ranks of the other members (whom a status query asks).
+  std::vector<int> peer_world_ranks() const;
   uint64_t comm_id() const { return comm_id_; }
   int world_rank(int rank) const { return world_ranks_.at(rank); }
   const std::vector<int>& world_ranks() const { return world_ranks_; }
@@ -102,8 +104,6 @@ class MpiCommunicator : public Communicator,
   void run_split(uint8_t kind, const std::string& detail,
                  const std::function<void(const comm::OpLabel& desc, uint64_t seq,
                                           const Deadline& deadline)>& body);
-  // World ranks of the other members.
-  std::vector<int> peer_world_ranks() const;
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
   void wait_or_fail(MPI_Request* req, const Deadline& deadline,

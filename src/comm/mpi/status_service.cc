@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "comm/mpi/mpi_runtime.h"
+#include "tutti/config.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -248,6 +249,23 @@ std::string describe_stall(const std::vector<PeerStatus>& peers, uint64_t seq,
     os << "; missing: none (every rank entered this op: the transport has "
           "not completed it yet)";
   return os.str();
+}
+
+uint64_t nccl_status_id(uint64_t host_comm_id) {
+  uint64_t h = (host_comm_id ^ 0x4e43434c00000000ull) * 0x9e3779b97f4a7c15ull;
+  h ^= h >> 31;
+  return h | 1;  // never 0
+}
+
+std::string peer_report(uint64_t comm_id, const std::vector<int>& peers,
+                        uint64_t seq, int self, bool stall, bool world_group) {
+  if (!StatusService::instance().running())
+    return "peers could not be asked (the status service is stopped)";
+  const auto st = StatusService::instance().query(
+      comm_id, peers,
+      static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
+  return (stall ? describe_stall(st, seq, self) : describe_stragglers(st, seq)) +
+         (world_group ? "" : " [world ranks]");
 }
 
 std::string describe_stragglers(const std::vector<PeerStatus>& peers,

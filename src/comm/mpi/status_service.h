@@ -71,6 +71,20 @@ class StatusService {
   uint32_t next_reply_tag_ = 0;
 };
 
+// Asks `peers` (world ranks) where they are on communicator `comm_id` and
+// describes op #`seq` for the error or warning of rank `self` (world rank):
+// describe_stall() when `stall`, else describe_stragglers(); " [world
+// ranks]" is appended unless `world_group`.  Blocks up to
+// TUTTI_STATUS_GRACE_MS when peers do not answer.  Used by the MPI
+// communicator and by the NCCL one's watchdog.
+// The status-service id of the NCCL communicator built over the host
+// communicator `host_comm_id` (the same on every rank, apart from every
+// MPI communicator's id).
+uint64_t nccl_status_id(uint64_t host_comm_id);
+
+std::string peer_report(uint64_t comm_id, const std::vector<int>& peers,
+                        uint64_t seq, int self, bool stall, bool world_group);
+
 // "rank 1 never arrived (last entered #4 barrier); rank 2 did not answer"
 std::string describe_stragglers(const std::vector<PeerStatus>& peers,
                                 uint64_t seq);

@@ -13,6 +13,7 @@
 #include "comm/comm_settings.h"
 #include "comm/mpi/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/mpi/status_service.h"
 #include "comm/nccl/nccl_utils.h"
 #include "comm/op_desc.h"
 #include "comm/progress_engine.h"
@@ -91,6 +92,9 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
   cuda::Event done;   // recorded on the communication stream
   // Posted by the engine before started(); null when not checking.
   std::unique_ptr<mpi::AgreementCheck> check;
+  // What peers' status queries read: marked finished (seq) on completion.
+  std::shared_ptr<mpi::CommProgress> status;
+  uint64_t seq = 0;
 
  private:
   // mu_ held.  Throws what the check found.
@@ -100,6 +104,11 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
     if (check && !check->test(comm::OpLabel(desc_))) return false;
     if (!done.query()) return false;
     complete_ = true;
+    if (status) {  // ops may complete out of order: keep the largest
+      uint64_t c = status->completed.load();
+      while (c < seq && !status->completed.compare_exchange_weak(c, seq)) {
+      }
+    }
     return true;
   }
   // poll_locked() for a waiting user thread: a mismatch it finds breaks the
@@ -128,6 +137,11 @@ class NcclCommunicatorImpl {
       // thread finds a disagreement: separate communicators keep each one's
       // collectives in one order on every rank.  MPI_Comm_dup is collective
       // on the host communicator: in order with its other operations.
+      // Published for peers' status queries under an id every rank
+      // derives from the host communicator's (one NCCL communicator per
+      // host communicator: ProcessGroup makes one per device).
+      status_id = mpi::nccl_status_id(host->comm_id());
+      mpi::StatusService::instance().add(status_id, progress);
       host->run_ordered([this] {
         const std::string what =
             detail::cat("setting up the agreement check of NCCL communicator '",
@@ -150,6 +164,14 @@ class NcclCommunicatorImpl {
     h.async_error = [this] { return async_error(); };
     h.abort = [this] { abort(); };
     h.on_broken = [](const Error& e) { comm::communicator_broke(e); };
+    // Which ranks never arrived, asked over the host communicator's MPI
+    // side channel (the status service), as the MPI path's timeouts do.
+    h.peers = [this](uint64_t seq, bool stall) -> std::string {
+      if (!host) return "";
+      return mpi::peer_report(status_id, host->peer_world_ranks(), seq,
+                              host->world_rank(host->rank()), stall,
+                              host->name() == "world");
+    };
     return h;
   }
 
@@ -213,12 +235,18 @@ class NcclCommunicatorImpl {
   std::atomic<bool> closed{false};
   std::mutex close_mu;
   comm::CommSettings settings;  // the hot path must not parse the environment
+  // This rank's progress on the NCCL ops (entered when enqueued, finished
+  // when the kernel and the check completed), for peers' status queries.
+  std::shared_ptr<mpi::CommProgress> progress =
+      std::make_shared<mpi::CommProgress>();
+  uint64_t status_id = 0;  // 0: not published (no host)
 };
 
 void NcclCommunicatorImpl::close() {
   std::lock_guard<std::mutex> lock(close_mu);
   if (closed.exchange(true)) return;
   engine.stop();
+  if (status_id) mpi::StatusService::instance().remove(status_id);
   // Ops in flight finish or fail first: the watchdog bounds them (with
   // TUTTI_TIMEOUT=0, as everywhere, a dead peer is waited for forever).
   while (watchdog.in_flight() > 0 && !watchdog.broken())
@@ -325,6 +353,12 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
   const mpi::Deadline deadline(timeout);
   try {
     watchdog.throw_if_broken(desc.str());
+    if (!p2p) {  // numbered like the collectives every rank counts
+      progress->kind = static_cast<uint8_t>(r.kind);
+      progress->entered = seq;
+      work->status = progress;
+      work->seq = seq;
+    }
     std::exception_ptr local_error;
     try {
       comm::validate(r, rank, size, desc);
