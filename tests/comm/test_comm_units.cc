@@ -30,7 +30,8 @@ namespace tutti {
 namespace {
 
 void expect_contains(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "'" << part << "' not in: " << s;
+  EXPECT_NE(s.find(part), std::string::npos)
+      << "'" << part << "' not in: " << s;
 }
 
 TEST(RunAndWait, RunsAfterTheWorkQueuedBeforeIt) {
@@ -42,7 +43,8 @@ TEST(RunAndWait, RunsAfterTheWorkQueuedBeforeIt) {
   // must queue behind it, not run on the caller's thread at once.
   engine.submit(
       [&] {
-        while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        while (!release)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         std::lock_guard<std::mutex> lock(mu);
         order.push_back(1);
       },
@@ -79,10 +81,11 @@ TEST(RunAndWait, IdleEngineRunsItAtOnce) {
 
 TEST(RunAndWait, RethrowsWhatTheFunctionThrew) {
   comm::ProgressEngine engine("units");
-  engine.submit([] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); },
-                false);
+  engine.submit(
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }, false);
   try {
-    engine.run_and_wait([] { TUTTI_THROW(kMismatch, "split #4: ranks disagree"); });
+    engine.run_and_wait(
+        [] { TUTTI_THROW(kMismatch, "split #4: ranks disagree"); });
     ADD_FAILURE() << "nothing was thrown";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kMismatch);
@@ -95,9 +98,10 @@ TEST(RunAndWait, RethrowsWhatTheFunctionThrew) {
 }
 
 TEST(CallFailed, NamesContextCallAndText) {
-  EXPECT_EQ(detail::call_failed("MPI_Iallreduce(s, o, n, dt, op, data_, &req)",
-                                "allreduce #3 on group 'world'", "MPI_ERR_COMM"),
-            "allreduce #3 on group 'world': MPI_Iallreduce failed: MPI_ERR_COMM");
+  EXPECT_EQ(
+      detail::call_failed("MPI_Iallreduce(s, o, n, dt, op, data_, &req)",
+                          "allreduce #3 on group 'world'", "MPI_ERR_COMM"),
+      "allreduce #3 on group 'world': MPI_Iallreduce failed: MPI_ERR_COMM");
   EXPECT_EQ(detail::call_failed("ncclCommCount (out, &n)", "", "invalid usage"),
             "ncclCommCount failed: invalid usage");
 }
@@ -113,10 +117,10 @@ TEST(MpiCheck, ThrowsKMpiWithRankContextAndMpiText) {
     ADD_FAILURE() << "nothing was thrown";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kMpi);
-    EXPECT_EQ(e.message(),
-              detail::rank_prefix() + "recv #2 from 1 tag 0 on group 'world' "
-              "(posting it): failing_mpi_call failed: " +
-                  mpi::error_string(MPI_ERR_TRUNCATE));
+    EXPECT_EQ(e.message(), detail::rank_prefix() +
+                               "recv #2 from 1 tag 0 on group 'world' "
+                               "(posting it): failing_mpi_call failed: " +
+                               mpi::error_string(MPI_ERR_TRUNCATE));
     expect_contains(e.message(), "rank 0: ");
   }
   EXPECT_NO_THROW(TUTTI_MPI_CHECK(succeeding_mpi_call(1), desc));
