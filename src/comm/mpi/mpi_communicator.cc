@@ -172,6 +172,12 @@ void MpiCommunicator::close() {
 
 void MpiCommunicator::drain() { engine_.drain(); }
 
+uint64_t MpiCommunicator::derived_id() {
+  // Split children's ids mix a split index with a color (or a node's
+  // lowest rank); these mix a count with a marker no color takes.
+  return mix_id(comm_id_, ++derived_, 0x4e43434c00000000ull);
+}
+
 WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   const comm::CommSettings::Values settings = settings_.get();
   const double timeout =

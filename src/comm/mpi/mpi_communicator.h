@@ -48,6 +48,10 @@ class MpiCommunicator : public Communicator,
   std::shared_ptr<MpiCommunicator> split_shared(const std::string& name);
 
   MPI_Comm comm() const { return data_; }
+  // A new status-service id for a communicator built over this one (an
+  // NCCL communicator), the same on every rank: call it on the engine
+  // (run_ordered), where every rank takes the ids in the same order.
+  uint64_t derived_id();
   // World ranks of the other members (whom a status query asks).
   std::vector<int> peer_world_ranks() const;
   uint64_t comm_id() const { return comm_id_; }
@@ -121,6 +125,7 @@ class MpiCommunicator : public Communicator,
   uint64_t next_seq_ = 0;      // collectives; touched only by the engine task
   uint64_t next_p2p_seq_ = 0;  // send/recv, numbered separately
   uint32_t splits_ = 0;
+  uint64_t derived_ = 0;  // derived_id()s handed out; engine only
   std::shared_ptr<CommProgress> progress_;
   std::atomic<bool> poisoned_{false};
   std::atomic<bool> closed_{false};

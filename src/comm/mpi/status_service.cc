@@ -251,12 +251,6 @@ std::string describe_stall(const std::vector<PeerStatus>& peers, uint64_t seq,
   return os.str();
 }
 
-uint64_t nccl_status_id(uint64_t host_comm_id) {
-  uint64_t h = (host_comm_id ^ 0x4e43434c00000000ull) * 0x9e3779b97f4a7c15ull;
-  h ^= h >> 31;
-  return h | 1;  // never 0
-}
-
 std::string peer_report(uint64_t comm_id, const std::vector<int>& peers,
                         uint64_t seq, int self, bool stall, bool world_group) {
   if (!StatusService::instance().running())

@@ -77,11 +77,6 @@ class StatusService {
 // ranks]" is appended unless `world_group`.  Blocks up to
 // TUTTI_STATUS_GRACE_MS when peers do not answer.  Used by the MPI
 // communicator and by the NCCL one's watchdog.
-// The status-service id of the NCCL communicator built over the host
-// communicator `host_comm_id` (the same on every rank, apart from every
-// MPI communicator's id).
-uint64_t nccl_status_id(uint64_t host_comm_id);
-
 std::string peer_report(uint64_t comm_id, const std::vector<int>& peers,
                         uint64_t seq, int self, bool stall, bool world_group);
 

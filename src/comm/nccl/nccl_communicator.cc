@@ -137,12 +137,8 @@ class NcclCommunicatorImpl {
       // thread finds a disagreement: separate communicators keep each one's
       // collectives in one order on every rank.  MPI_Comm_dup is collective
       // on the host communicator: in order with its other operations.
-      // Published for peers' status queries under an id every rank
-      // derives from the host communicator's (one NCCL communicator per
-      // host communicator: ProcessGroup makes one per device).
-      status_id = mpi::nccl_status_id(host->comm_id());
-      mpi::StatusService::instance().add(status_id, progress);
-      host->run_ordered([this] {
+      uint64_t id = 0;
+      host->run_ordered([this, &id] {
         const std::string what =
             detail::cat("setting up the agreement check of NCCL communicator '",
                         name, "'");
@@ -150,7 +146,12 @@ class NcclCommunicatorImpl {
           TUTTI_MPI_CHECK(MPI_Comm_dup(host->comm(), c), what);
           TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN), what);
         }
+        id = host->derived_id();
       });
+      // Published for peers' status queries under an id every rank derives
+      // alike (in the host communicator's order).
+      status_id = id;
+      mpi::StatusService::instance().add(status_id, progress);
     }
     const int d = device;
     watchdog.start_thread(kWatchInterval, [d] {
