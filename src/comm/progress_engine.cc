@@ -48,6 +48,28 @@ void ProgressEngine::loop() {
   }
 }
 
+void ProgressEngine::run_and_wait(const std::function<void()>& fn) {
+  std::exception_ptr err;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  submit(
+      [&] {
+        try {
+          fn();
+        } catch (...) {
+          err = std::current_exception();
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+        cv.notify_all();
+      },
+      true);
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (err) std::rethrow_exception(err);
+}
+
 void ProgressEngine::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });

@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -26,6 +27,12 @@ class ProgressEngine {
 
   // Tasks must not throw (they report through their Work).
   void submit(std::function<void()> task, bool blocking);
+  // Runs `fn` in order after everything submitted so far and waits for it;
+  // rethrows what `fn` threw.  For work that must keep the communicator's
+  // order without being an operation (splits, bootstrap collectives on the
+  // host communicator).  Never from a task of this engine (it would wait
+  // for itself).
+  void run_and_wait(const std::function<void()>& fn);
   // Waits until everything submitted so far has run.
   void drain();
   // Drains, then stops the thread.  Idempotent.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/backoff.h"
 #include "core/check.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -40,6 +41,21 @@ uint64_t Watchdog::stall_warnings() const {
   return stall_warnings_;
 }
 
+std::string Watchdog::last_stall_warning() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_stall_warning_;
+}
+
+std::string Watchdog::peer_report(uint64_t seq, bool stall) const {
+  if (!hooks_.peers) return "";
+  try {
+    const std::string report = hooks_.peers(seq, stall);
+    return report.empty() ? "" : "; " + report;
+  } catch (const std::exception& e) {
+    return detail::cat("; peers could not be asked: ", e.what());
+  }
+}
+
 Watchdog::Clock::duration Watchdog::stall_period() const {
   // At least a millisecond, so that a tiny setting cannot spin poll().
   return std::max<Clock::duration>(
@@ -70,6 +86,7 @@ void Watchdog::add(std::shared_ptr<WatchedOp> op, uint64_t seq,
     item.deadline = start + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(timeout_s));
   items_.push_back(std::move(item));
+  ++changes_;
   cv_.notify_all();
 }
 
@@ -77,7 +94,12 @@ size_t Watchdog::poll(Clock::time_point now) {
   std::lock_guard<std::mutex> one_pass(poll_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   if (broken_) return 0;
-  std::vector<std::string> stalls;  // logged without the lock
+  // Logged without the lock, the peers' report between head and tail.
+  struct Stall {
+    uint64_t seq;
+    std::string head, tail;
+  };
+  std::vector<Stall> stalls;
   // Ops leave in any order: a later op's check may finish first.
   for (auto it = items_.begin(); it != items_.end();) {
     bool done = false;
@@ -100,6 +122,7 @@ size_t Watchdog::poll(Clock::time_point now) {
     }
     if (done) {
       it = items_.erase(it);
+      ++changes_;
       continue;
     }
     if (it->timeout_s > 0 && now >= it->deadline) {
@@ -108,34 +131,45 @@ size_t Watchdog::poll(Clock::time_point now) {
         oldest = detail::cat(" (the oldest operation still in flight is ",
                              items_.front().desc, ", ",
                              items_.front().op->phase(), ")");
-      const Error cause(
-          ErrorCode::kTimeout,
+      const std::string head =
           detail::cat(detail::rank_prefix(), it->desc, " did not complete within ",
                       it->timeout_s, " s (TUTTI_TIMEOUT) while ",
-                      it->op->phase(), oldest, "; the ", transport_,
+                      it->op->phase(), oldest);
+      const uint64_t seq = it->seq;
+      const WatchedOp* culprit = it->op.get();
+      lock.unlock();
+      // Asked without the lock (the ops stay registered: nothing else
+      // breaks the communicator meanwhile but a concurrent cause, which
+      // wins in break_with).
+      const Error cause(
+          ErrorCode::kTimeout,
+          detail::cat(head, peer_report(seq, false), "; the ", transport_,
                       " communicator '", name_,
                       "' was aborted (a peer vanished, hung, or issued "
                       "different operations). The communicator is unusable "
                       "now."));
-      const WatchedOp* culprit = it->op.get();
-      lock.unlock();
       break_with(cause, culprit);
       return 0;
     }
     if (stall_warn_s_ > 0 && now >= it->next_warn) {
       while (it->next_warn <= now) it->next_warn += stall_period();
       ++stall_warnings_;
-      stalls.push_back(detail::cat(
-          "stall: ", it->desc, " has been in flight for ",
-          static_cast<int64_t>(
-              std::chrono::duration<double>(now - it->start).count() * 10) /
-              10.0,
-          " s while ", it->op->phase(), " on the ", transport_,
-          " communicator '", name_, "' (TUTTI_STALL_WARN_S=", stall_warn_s_,
-          it->timeout_s > 0
-              ? detail::cat("; fails at TUTTI_TIMEOUT=", it->timeout_s, " s")
-              : std::string("; no timeout"),
-          ")"));
+      stalls.push_back(
+          {it->seq,
+           detail::cat("stall: ", it->desc, " has been in flight for ",
+                       static_cast<int64_t>(
+                           std::chrono::duration<double>(now - it->start)
+                               .count() *
+                           10) /
+                           10.0,
+                       " s while ", it->op->phase(), " on the ", transport_,
+                       " communicator '", name_, "'"),
+           detail::cat(" (TUTTI_STALL_WARN_S=", stall_warn_s_,
+                       it->timeout_s > 0
+                           ? detail::cat("; fails at TUTTI_TIMEOUT=",
+                                         it->timeout_s, " s")
+                           : std::string("; no timeout"),
+                       ")")});
     }
     ++it;
   }
@@ -143,7 +177,12 @@ size_t Watchdog::poll(Clock::time_point now) {
   std::string oldest = left ? items_.front().desc : std::string();
   const WatchedOp* culprit = left ? items_.front().op.get() : nullptr;
   lock.unlock();
-  for (const auto& m : stalls) TUTTI_LOG(kWarn) << m;
+  for (const auto& s : stalls) {
+    const std::string m = s.head + peer_report(s.seq, true) + s.tail;
+    TUTTI_LOG(kWarn) << m;
+    std::lock_guard<std::mutex> relock(mu_);
+    last_stall_warning_ = m;
+  }
   if (hooks_.async_error) {
     const std::string err = hooks_.async_error();
     if (!err.empty()) {
@@ -245,6 +284,15 @@ void Watchdog::loop(std::chrono::microseconds interval,
                     const ThreadSetup& setup) {
   pthread_setname_np(pthread_self(), "tutti-watchdog");
   const std::shared_ptr<void> held = setup ? setup() : nullptr;
+  // While the same ops stay in flight (a late peer, a long kernel) the
+  // passes thin out: the pause doubles from `interval` up to the waits'
+  // sleep cap (TUTTI_MPI_WAIT_SLEEP_US, comm/backoff.h), so a stalled op
+  // does not wake this thread thousands of times a second; any change in
+  // the set starts again from `interval`.
+  const auto cap = std::max<std::chrono::microseconds>(
+      interval, std::chrono::microseconds(wait_sleep_cap_us()));
+  auto pause = interval;
+  uint64_t seen = ~uint64_t{0};
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || (!items_.empty() && !broken_); });
@@ -252,7 +300,9 @@ void Watchdog::loop(std::chrono::microseconds interval,
     lock.unlock();
     poll();
     lock.lock();
-    cv_.wait_for(lock, interval, [&] { return stop_; });
+    pause = changes_ == seen ? std::min(cap, pause * 2) : interval;
+    seen = changes_;
+    cv_.wait_for(lock, pause, [&] { return stop_; });
   }
 }
 

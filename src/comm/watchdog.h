@@ -10,6 +10,9 @@
 //     from the overlapped agreement check)
 //   * the transport's asynchronous error       -> kCommFailure for the oldest
 //     op in flight (NCCL: ncclCommGetAsyncError)
+// A timeout and a stall warning name the ranks that never arrived when the
+// backend can ask its peers (Hooks::peers; NCCL: over the MPI side channel,
+// as the MPI communicator's own timeouts do).
 // Breaking calls the abort hook (ncclCommAbort), then fails the culprit
 // with its error and every other op in flight with kAborted naming the
 // cause; later submissions fail with kAborted through throw_if_broken().
@@ -62,6 +65,11 @@ class Watchdog {
     // Told once the communicator broke, after the ops were failed (the
     // process-wide reaction: no MPI_Finalize, TUTTI_EXIT_ON_COMM_FAILURE).
     std::function<void(const Error&)> on_broken;
+    // Where the other ranks are on op #seq: "never arrived: rank 1 (...)"
+    // for a timeout, "arrived: ...; missing: ..." for a stall warning
+    // (`stall`); "" if unknown.  Optional.  Called without the watchdog's
+    // lock; may block while peers are asked (TUTTI_STATUS_GRACE_MS).
+    std::function<std::string(uint64_t seq, bool stall)> peers;
   };
 
   // `transport` and `name` appear in messages ("NCCL communicator
@@ -87,8 +95,9 @@ class Watchdog {
   // completes or times out.  0 disables; the constructor reads
   // TUTTI_STALL_WARN_S.
   void set_stall_warn_s(double seconds);
-  // Stall warnings logged so far (for tests).
+  // Stall warnings logged so far, and the last one's text (for tests).
   uint64_t stall_warnings() const;
+  std::string last_stall_warning() const;
 
   bool broken() const;
   // The error that broke the communicator ("" while healthy).
@@ -101,7 +110,8 @@ class Watchdog {
   // What a polling thread holds for its lifetime (a cuda::DeviceGuard).
   using ThreadSetup = std::function<std::shared_ptr<void>()>;
   // Polls on a thread of its own every `interval` while ops are in flight
-  // (idle otherwise).  `setup` runs first on that thread and what it
+  // (idle otherwise); while no op is added or completes, the pause doubles
+  // up to TUTTI_MPI_WAIT_SLEEP_US (comm/backoff.h).  `setup` runs first on that thread and what it
   // returns lives as long as the thread (set the device there).
   void start_thread(std::chrono::microseconds interval,
                     ThreadSetup setup = nullptr);
@@ -119,6 +129,8 @@ class Watchdog {
     Clock::time_point next_warn;  // the next stall warning
   };
   Clock::duration stall_period() const;  // under mu_
+  // "; <Hooks::peers' report>" or "" (without mu_).
+  std::string peer_report(uint64_t seq, bool stall) const;
   void loop(std::chrono::microseconds interval, const ThreadSetup& setup);
 
   const std::string transport_;
@@ -127,10 +139,12 @@ class Watchdog {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> items_;  // start order
+  uint64_t changes_ = 0;    // ops added or completed (the thread's backoff)
   bool broken_ = false;
   std::string cause_;
   double stall_warn_s_ = 0;
   uint64_t stall_warnings_ = 0;
+  std::string last_stall_warning_;
   bool stop_ = false;
   std::thread thread_;
   std::mutex poll_mu_;  // one poll pass at a time

@@ -111,12 +111,12 @@ void init(const InitOptions& options) {
     // progress engines, watchdogs and the status responder are threads.
     s.mpi_state = mpi::initialize();
     int wr = 0, ws = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
-    MPI_Comm_size(MPI_COMM_WORLD, &ws);
+    TUTTI_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &wr), "init");
+    TUTTI_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ws), "init");
     set_runtime_world(wr, ws);
     mpi::StatusService::instance().start(MPI_COMM_WORLD);
     MPI_Comm dup;
-    TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+    TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "init");
     auto world_comm = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1);
     comm::register_communicator(world_comm);
     s.world = std::make_shared<ProcessGroup>(

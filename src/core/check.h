@@ -30,6 +30,21 @@ std::string cat(const Args&... args) {
 // the installed headers) so the Python extension's checks raise the same way.
 TUTTI_API std::string rank_prefix();
 
+// The message of a failed library call (MPI, NCCL):
+// "<context>: <function> failed: <the library's text>", where <function> is
+// the call's name without its arguments and <context> (the op, the group,
+// the peer) may be empty.  One format for TUTTI_MPI_CHECK and
+// TUTTI_NCCL_CHECK and their non-throwing forms.
+inline std::string call_failed(const char* expr, const std::string& context,
+                               const std::string& text) {
+  std::string call(expr);
+  const size_t paren = call.find('(');
+  if (paren != std::string::npos) call.resize(paren);
+  while (!call.empty() && call.back() == ' ') call.pop_back();
+  return context.empty() ? cat(call, " failed: ", text)
+                         : cat(context, ": ", call, " failed: ", text);
+}
+
 [[noreturn]] TUTTI_API void throw_error(ErrorCode code, const char* file,
                                         int line, const std::string& message);
 

@@ -47,12 +47,14 @@ const std::vector<SettingInfo> kSettings = {
      "naming both levels); the lower values (serialized, funneled, single) "
      "exist to test that refusal."},
     {"TUTTI_MPI_WAIT_SLEEP_US", "int", "1000",
-     "Longest sleep in microseconds between two polls of a pending MPI "
-     "request: a wait spins briefly, yields for 200 us, then sleeps with "
-     "exponential backoff (20 us doubling up to this), so a long wait costs "
-     "little CPU; a completion is noticed at most one sleep late. 0: yield "
-     "between polls for the whole wait (a busy wait: lowest latency, a core "
-     "per waiting thread)."},
+     "Longest sleep in microseconds between two polls of a host wait: a "
+     "pending MPI request, and on the NCCL path an enqueue, init or split "
+     "settling, a synchronize() waiting for the kernel, and the watchdog's "
+     "passes over unchanged ops in flight. A wait spins briefly, yields for "
+     "200 us, then sleeps with exponential backoff (20 us doubling up to "
+     "this), so a long wait costs little CPU; a completion is noticed at "
+     "most one sleep late. 0: yield between polls for the whole wait (a busy "
+     "wait: lowest latency, a core per waiting thread)."},
     {"TUTTI_EXIT_ON_COMM_FAILURE", "bool", "0",
      "When a communicator breaks because a peer or the network failed (a "
      "timeout, an NCCL asynchronous error), log the error and end the "

@@ -60,11 +60,13 @@ struct Pass {
   Tensor x_in;
 };
 
+// `what`: the layer's label and pass ("... 'fc1' forward"), built once by
+// the caller for fail_fast() too.
 Pass make_pass(LinearCore& c, const ColumnParallelLinearOptions& o,
-               const Tensor& input, const char* name) {
+               const Tensor& input, const std::string& what) {
   Pass s;
   const int p = c.m.tp_size;
-  s.what = c.label + " " + name;
+  s.what = what;
   s.sp = o.sequence_parallel && p > 1;
   s.gather = o.gather_output && p > 1;
   s.out_local = c.out / p;
@@ -87,9 +89,10 @@ Tensor full_input(LinearCore& c, const Pass& s) {
 }  // namespace
 
 void ColumnParallelLinear::forward(const Tensor& input, const Tensor& output) {
-  return tp::fail_fast(core_->m, core_->device, core_->label + " forward", [&] {
+  const std::string what = core_->label + " forward";
+  return tp::fail_fast(core_->m, core_->device, what, [&] {
     LinearCore& c = *core_;
-    const Pass s = make_pass(c, options_, input, "forward");
+    const Pass s = make_pass(c, options_, input, what);
     Tensor y = tp::view_2d(output, s.gather ? c.out : s.out_local, s.rows,
                            c.dtype, c.device, s.what, "output");
     Tensor x = full_input(c, s);
@@ -107,10 +110,11 @@ void ColumnParallelLinear::forward(const Tensor& input, const Tensor& output) {
 void ColumnParallelLinear::backward(const Tensor& input,
                                     const Tensor& grad_output,
                                     const Tensor& grad_input) {
+  const std::string what = core_->label + " backward";
   return tp::fail_fast(
-      core_->m, core_->device, core_->label + " backward", [&] {
+      core_->m, core_->device, what, [&] {
         LinearCore& c = *core_;
-        const Pass s = make_pass(c, options_, input, "backward");
+        const Pass s = make_pass(c, options_, input, what);
         Tensor dy =
             tp::view_2d(grad_output, s.gather ? c.out : s.out_local, s.rows,
                         c.dtype, c.device, s.what, "grad_output");

@@ -64,11 +64,13 @@ int64_t sequence_length(const Tensor& t) {
   return t.ndim() > 1 ? t.shape()[0] : 1;
 }
 
+// `what`: the layer's label and pass ("... 'fc1' forward"), built once by
+// the caller for fail_fast() too.
 Pass make_pass(LinearCore& c, const RowParallelLinearOptions& o,
-               const Tensor& input, const char* name) {
+               const Tensor& input, const std::string& what) {
   Pass s;
   const int p = c.m.tp_size;
-  s.what = c.label + " " + name;
+  s.what = what;
   s.sp = o.sequence_parallel && p > 1;
   s.in_cols = o.input_is_parallel ? c.in / p : c.in;
   s.x_in =
@@ -93,9 +95,10 @@ Tensor local_input(LinearCore& c, const Tensor& x_in, bool input_is_parallel) {
 }  // namespace
 
 void RowParallelLinear::forward(const Tensor& input, const Tensor& output) {
-  return tp::fail_fast(core_->m, core_->device, core_->label + " forward", [&] {
+  const std::string what = core_->label + " forward";
+  return tp::fail_fast(core_->m, core_->device, what, [&] {
     LinearCore& c = *core_;
-    const Pass s = make_pass(c, options_, input, "forward");
+    const Pass s = make_pass(c, options_, input, what);
     const int p = c.m.tp_size;
     Tensor y = tp::view_2d(output, c.out, s.sp ? s.rows / p : s.rows, c.dtype,
                            c.device, s.what, "output");
@@ -116,10 +119,11 @@ void RowParallelLinear::forward(const Tensor& input, const Tensor& output) {
 
 void RowParallelLinear::backward(const Tensor& input, const Tensor& grad_output,
                                  const Tensor& grad_input) {
+  const std::string what = core_->label + " backward";
   return tp::fail_fast(
-      core_->m, core_->device, core_->label + " backward", [&] {
+      core_->m, core_->device, what, [&] {
         LinearCore& c = *core_;
-        const Pass s = make_pass(c, options_, input, "backward");
+        const Pass s = make_pass(c, options_, input, what);
         const int p = c.m.tp_size;
         Tensor dy = tp::view_2d(grad_output, c.out, s.sp ? s.rows / p : s.rows,
                                 c.dtype, c.device, s.what, "grad_output");

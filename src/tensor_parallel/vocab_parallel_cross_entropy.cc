@@ -89,10 +89,10 @@ void VocabParallelCrossEntropy::forward(const Tensor& logits,
                                         const Tensor& targets,
                                         const Tensor& losses,
                                         const Tensor& mean_loss) {
+  const std::string what = impl_->label + " forward";
   return tp::fail_fast(
-      *impl_->mesh->impl(), logits.device(), impl_->label + " forward", [&] {
+      *impl_->mesh->impl(), logits.device(), what, [&] {
         Impl& c = *impl_;
-        const std::string what = c.label + " forward";
         Tensor z = c.check(logits, targets, what);
         const int64_t n = z.shape()[0];
         const Device d = logits.device();
@@ -133,10 +133,10 @@ void VocabParallelCrossEntropy::backward(const Tensor& logits,
                                          const Tensor& targets,
                                          const Tensor& grad_logits,
                                          float grad_scale) {
+  const std::string what = impl_->label + " backward";
   return tp::fail_fast(
-      *impl_->mesh->impl(), logits.device(), impl_->label + " backward", [&] {
+      *impl_->mesh->impl(), logits.device(), what, [&] {
         Impl& c = *impl_;
-        const std::string what = c.label + " backward";
         Tensor z = c.check(logits, targets, what);
         TUTTI_ARG_CHECK(
             c.saved_rows == z.shape()[0] && c.max.device() == logits.device(),

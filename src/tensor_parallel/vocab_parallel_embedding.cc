@@ -96,10 +96,10 @@ VocabParallelEmbedding::VocabParallelEmbedding(
 VocabParallelEmbedding::~VocabParallelEmbedding() = default;
 
 void VocabParallelEmbedding::forward(const Tensor& ids, const Tensor& output) {
+  const std::string what = impl_->label + " forward";
   return tp::fail_fast(
-      impl_->m, impl_->options.device, impl_->label + " forward", [&] {
+      impl_->m, impl_->options.device, what, [&] {
         Impl& e = *impl_;
-        const std::string what = e.label + " forward";
         e.check_ids(ids, what);
         const int64_t n = ids.numel();
         Tensor y =
@@ -120,10 +120,10 @@ void VocabParallelEmbedding::forward(const Tensor& ids, const Tensor& output) {
 
 void VocabParallelEmbedding::backward(const Tensor& ids,
                                       const Tensor& grad_output) {
+  const std::string what = impl_->label + " backward";
   return tp::fail_fast(
-      impl_->m, impl_->options.device, impl_->label + " backward", [&] {
+      impl_->m, impl_->options.device, what, [&] {
         Impl& e = *impl_;
-        const std::string what = e.label + " backward";
         e.check_ids(ids, what);
         const int64_t n = ids.numel();
         Tensor dy =

@@ -8,7 +8,8 @@
 //                   naming "send #1", later ops kAborted, and the caller's
 //                   stream must drain.
 //   stopped_peer    np 2: rank 1 stops submitting; rank 0's all-reduce must
-//                   fail with kTimeout naming "allreduce #1".
+//                   fail with kTimeout naming "allreduce #1" and rank 1
+//                   as never arrived (asked over the MPI side channel).
 //   mismatch        np 2: counts differ; the overlapped check must report
 //                   kMismatch naming both ranks' descriptions, and abort.
 // A rank that sees what it should prints "PROBE-OK rank R: <what>".
@@ -117,7 +118,8 @@ int run(const std::string& mode) {
     }
     WorkPtr work = w->allreduce_async(t, ReduceOp::kSum, o);
     expect_error("the stopped peer", ErrorCode::kTimeout,
-                 {"allreduce #1 'probe'", "within 3 s", "was aborted"},
+                 {"allreduce #1 'probe'", "within 3 s", "never arrived: rank 1",
+                  "was aborted"},
                  [&] {
                    work->wait();
                    work->synchronize();

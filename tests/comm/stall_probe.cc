@@ -8,6 +8,9 @@
 // gradient, one bucket, average): the late ranks sleep before grad_ready();
 // the others wait in synchronize() while the bucket's all-reduce stalls;
 // the gradient must be (n+1)/2 everywhere.
+// split: the late ranks sleep before a split_group of the world (a split is
+// numbered, agreed and watched like a collective); the all-reduce on the
+// child then gives the same closed-form sum.
 // The waiting ranks log the stall warnings (checked by the script from
 // stderr); each rank prints "PROBE-OK rank R" (or PROBE-FAIL and why).
 #include <unistd.h>
@@ -47,6 +50,11 @@ int main(int argc, char** argv) {
         reducer.grad_ready(0);
         reducer.synchronize();
         want = static_cast<float>(n + 1) / 2;
+      } else if (mode == "split") {
+        w->barrier();
+        pause();
+        auto child = w->split_group(0, rank, "stall.child");
+        child->allreduce(tutti::Tensor::of(v), tutti::ReduceOp::kSum);
       } else {
         w->barrier();
         pause();

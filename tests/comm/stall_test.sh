@@ -8,8 +8,8 @@
 #  * with LATE = 0 or TUTTI_STALL_WARN_S = 0, no rank logged a stall line.
 # CHECK (default 1) is TUTTI_CHECK_COLLECTIVES: with 0 the ranks wait in the
 # data exchange instead of the agreement check.
-# MODE (default op) is the probe's mode: op (a named all-reduce) or bucket
-# (the data-parallel reducer's bucket all-reduce).
+# MODE (default op) is the probe's mode: op (a named all-reduce), bucket
+# (the data-parallel reducer's bucket all-reduce) or split (a split_group).
 #   stall_test.sh PROBE MPIEXEC NP LATE WARN_S [CHECK [MODE]]
 set -u
 probe=$1 mpiexec=$2 np=$3 late=$4 warn=$5 check=${6:-1} mode=${7:-op}
@@ -39,6 +39,8 @@ for ((r = waiting; r < np; ++r)); do
   missing+="${missing:+; }rank $r \\(last entered #[0-9]+ $last, finished it\\)"
 done
 op="stall: allreduce #[0-9]+ $name float32\\[1000\\] $red on group 'world' \\(4000 bytes\\) has waited [0-9.]+ s"
+[ "$mode" = split ] &&
+  op="stall: split #[0-9]+ \\(color 0, key [0-9]+\\) of group 'world' \\(0 bytes\\) has waited [0-9.]+ s"
 total=$(echo "$out" | grep -c "stall:")
 if [ "$late" -eq 0 ] || [ "$warn" = 0 ]; then
   [ "$total" -eq 0 ] || fail "expected no stall warning, got $total"

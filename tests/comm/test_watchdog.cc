@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "comm/watchdog.h"
 #include "core/check.h"
@@ -53,8 +55,17 @@ class FakeOp : public WatchedOp {
 };
 
 struct Harness {
-  Harness() {
+  // with_peers: a Hooks::peers that answers like the status service.
+  explicit Harness(bool with_peers = false) {
     Watchdog::Hooks h;
+    if (with_peers)
+      h.peers = [this](uint64_t seq, bool stall) {
+        asked.emplace_back(seq, stall);
+        return stall ? "arrived: rank 0; missing: rank 1 (last entered #" +
+                           std::to_string(seq - 1) + " allreduce, finished it)"
+                     : "never arrived: rank 1 (last entered #" +
+                           std::to_string(seq - 1) + " allreduce, finished it)";
+      };
     h.async_error = [this] { return async; };
     h.abort = [this] { ++aborts; };
     h.on_broken = [this](const Error& e) {
@@ -70,6 +81,7 @@ struct Harness {
     return op;
   }
   std::string async;
+  std::vector<std::pair<uint64_t, bool>> asked;  // peers(seq, stall) calls
   int aborts = 0;
   int broken_calls = 0;
   ErrorCode broken_code = ErrorCode::kInternal;
@@ -200,6 +212,33 @@ TEST(Watchdog, AnOpThatReportsAMismatchBreaksWithThatError) {
   EXPECT_EQ(fb.first, ErrorCode::kMismatch);
   EXPECT_TRUE(has(fb.second, "allreduce #2: ranks disagree")) << fb.second;
   EXPECT_EQ(a->fails, 0);  // it had completed
+}
+
+// The NCCL path names the missing ranks as the MPI path does: the backend's
+// peers hook (the status service over MPI) is asked for the op that timed
+// out or stalled, and its answer sits in the error and the warning.
+TEST(Watchdog, TimeoutAndStallNameTheRanksThePeersHookReports) {
+  Harness h(/*with_peers=*/true);
+  h.dog->set_stall_warn_s(1.0);
+  const auto t0 = Clock::now();
+  auto op = h.add(5, 3, t0);
+  h.dog->poll(t0 + milliseconds(1100));
+  ASSERT_EQ(h.dog->stall_warnings(), 1u);
+  const std::string w = h.dog->last_stall_warning();
+  EXPECT_TRUE(has(w, "stall: allreduce #5 'grad' has been in flight for 1.1 s while "
+                     "waiting for the GPU on the NCCL communicator 'world-cuda0'; "
+                     "arrived: rank 0; missing: rank 1 (last entered #4 allreduce, "
+                     "finished it) (TUTTI_STALL_WARN_S=1; fails at TUTTI_TIMEOUT=3 s)"))
+      << w;
+  EXPECT_EQ(h.dog->poll(t0 + seconds(3)), 0u);
+  ASSERT_TRUE(h.dog->broken());
+  const auto f = op->failure();
+  EXPECT_EQ(f.first, ErrorCode::kTimeout);
+  EXPECT_TRUE(has(f.second, "allreduce #5 'grad' did not complete within 3 s (TUTTI_TIMEOUT) "
+                            "while waiting for the GPU; never arrived: rank 1 (last entered "
+                            "#4 allreduce, finished it); the NCCL communicator "
+                            "'world-cuda0' was aborted")) << f.second;
+  EXPECT_EQ(h.asked, (std::vector<std::pair<uint64_t, bool>>{{5, true}, {5, false}}));
 }
 
 TEST(Watchdog, StallWarningsRepeatEveryPeriodUntilTheOpCompletes) {

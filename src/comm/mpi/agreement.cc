@@ -20,7 +20,9 @@ AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
                                 check_comm, &b_->req);
   if (rc != MPI_SUCCESS) {
     delete b_;
-    throw_mpi_error(rc, "MPI_Iallreduce (agreement check)", __FILE__, __LINE__);
+    throw_mpi_error(rc, "MPI_Iallreduce",
+                    detail::cat("agreement check of ", comm::describe_wire(wire)),
+                    __FILE__, __LINE__);
   }
 }
 
@@ -33,8 +35,8 @@ AgreementCheck::~AgreementCheck() {
 bool AgreementCheck::test(const comm::OpLabel& desc) {
   if (phase_ == kSettled) return true;
   int flag = 0;
-  const int rc = MPI_Test(&b_->req, &flag, MPI_STATUS_IGNORE);
-  if (rc != MPI_SUCCESS) throw_mpi_error(rc, "MPI_Test (agreement check)", __FILE__, __LINE__);
+  TUTTI_MPI_CHECK(MPI_Test(&b_->req, &flag, MPI_STATUS_IGNORE), desc,
+                  " (agreement check)");
   if (!flag) return false;
   if (phase_ == kReduce) {
     if (b_->fp[0] == f_ && b_->fp[1] == ~f_) {
@@ -42,12 +44,13 @@ bool AgreementCheck::test(const comm::OpLabel& desc) {
       return true;
     }
     int size = 0;
-    MPI_Comm_size(detail_comm_, &size);
+    TUTTI_MPI_CHECK(MPI_Comm_size(detail_comm_, &size), desc, " (agreement check)");
     b_->all.resize(static_cast<size_t>(size));
     phase_ = kGather;
     TUTTI_MPI_CHECK(MPI_Iallgather(&b_->wire, sizeof(comm::WireDesc), MPI_BYTE,
                                    b_->all.data(), sizeof(comm::WireDesc),
-                                   MPI_BYTE, detail_comm_, &b_->req));
+                                   MPI_BYTE, detail_comm_, &b_->req),
+                    desc, " (agreement check, naming the differing ranks)");
     return test(desc);
   }
   phase_ = kSettled;
@@ -78,7 +81,8 @@ bool AgreementCheck::wait(const Deadline& deadline, const comm::OpLabel& desc,
                           StallWatch* stall) {
   for (;;) {
     if (test(desc)) return true;
-    if (!mpi::wait(&b_->req, deadline, MPI_STATUS_IGNORE, stall)) return false;
+    if (!mpi::wait(&b_->req, deadline, desc, MPI_STATUS_IGNORE, stall))
+      return false;
   }
 }
 

@@ -1,7 +1,6 @@
 #include "comm/mpi/mpi_communicator.h"
 
 #include <climits>
-#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -92,7 +91,7 @@ class P2PWork : public comm::StagedWork {
   }
   std::exception_ptr translate(int rc) {
     int cls = rc;
-    MPI_Error_class(rc, &cls);
+    if (MPI_Error_class(rc, &cls) != MPI_SUCCESS) cls = rc;  // not a class
     if (cls == MPI_ERR_TRUNCATE)
       return std::make_exception_ptr(Error(
           ErrorCode::kMismatch,
@@ -108,7 +107,8 @@ class P2PWork : public comm::StagedWork {
     if (expected_ < 0) return;  // a send
     // A receive: the message must fill the tensor.
     int count = 0;
-    MPI_Get_count(&st, datatype(dtype_), &count);
+    const int rc = MPI_Get_count(&st, datatype(dtype_), &count);
+    if (rc != MPI_SUCCESS) fail_locked(translate(rc));
     if (count != expected_)
       fail_locked(std::make_exception_ptr(Error(
           ErrorCode::kMismatch,
@@ -130,22 +130,24 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
                                  uint64_t comm_id)
     : data_(comm), name_(std::move(name)), comm_id_(comm_id), engine_(name_),
       progress_(std::make_shared<CommProgress>()) {
-  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN));
-  TUTTI_MPI_CHECK(MPI_Comm_dup(data_, &check_));
-  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(check_, MPI_ERRORS_RETURN));
-  TUTTI_MPI_CHECK(MPI_Comm_rank(data_, &rank_));
-  TUTTI_MPI_CHECK(MPI_Comm_size(data_, &size_));
+  const std::string what = detail::cat("setting up communicator '", name_, "'");
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN), what);
+  TUTTI_MPI_CHECK(MPI_Comm_dup(data_, &check_), what);
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(check_, MPI_ERRORS_RETURN), what);
+  TUTTI_MPI_CHECK(MPI_Comm_rank(data_, &rank_), what);
+  TUTTI_MPI_CHECK(MPI_Comm_size(data_, &size_), what);
   // World ranks of the members, for reports that span groups.
   MPI_Group mine, world;
-  MPI_Comm_group(data_, &mine);
-  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  TUTTI_MPI_CHECK(MPI_Comm_group(data_, &mine), what);
+  TUTTI_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world), what);
   std::vector<int> local(size_);
   for (int i = 0; i < size_; ++i) local[i] = i;
   world_ranks_.resize(size_);
-  MPI_Group_translate_ranks(mine, size_, local.data(), world,
-                            world_ranks_.data());
-  MPI_Group_free(&mine);
-  MPI_Group_free(&world);
+  TUTTI_MPI_CHECK(MPI_Group_translate_ranks(mine, size_, local.data(), world,
+                                            world_ranks_.data()),
+                  what);
+  TUTTI_MPI_CHECK(MPI_Group_free(&mine), what);
+  TUTTI_MPI_CHECK(MPI_Group_free(&world), what);
   StatusService::instance().add(comm_id_, progress_);
 }
 
@@ -159,13 +161,22 @@ void MpiCommunicator::close() {
   if (is_initialized()) {
     // After a timeout a request may still be pending on these communicators;
     // freeing them is still legal (MPI frees once the requests complete).
-    if (check_ != MPI_COMM_NULL) MPI_Comm_free(&check_);
-    if (data_ != MPI_COMM_NULL && data_ != MPI_COMM_WORLD) MPI_Comm_free(&data_);
+    // Runs from the destructor: a failure is logged, never thrown.
+    const std::string what = detail::cat("closing communicator '", name_, "'");
+    if (check_ != MPI_COMM_NULL) TUTTI_MPI_WARN(MPI_Comm_free(&check_), what);
+    if (data_ != MPI_COMM_NULL && data_ != MPI_COMM_WORLD)
+      TUTTI_MPI_WARN(MPI_Comm_free(&data_), what);
   }
   check_ = data_ = MPI_COMM_NULL;
 }
 
 void MpiCommunicator::drain() { engine_.drain(); }
+
+uint64_t MpiCommunicator::derived_id() {
+  // Split children's ids mix a split index with a color (or a node's
+  // lowest rank); these mix a count with a marker no color takes.
+  return mix_id(comm_id_, ++derived_, 0x4e43434c00000000ull);
+}
 
 WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   const comm::CommSettings::Values settings = settings_.get();
@@ -197,12 +208,14 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
               TUTTI_MPI_CHECK(MPI_Isend(request.input.data(), count,
                                         datatype(request.input.dtype()),
                                         request.root, request.tag, self->data_,
-                                        work->request()));
+                                        work->request()),
+                              desc);
             else
               TUTTI_MPI_CHECK(MPI_Irecv(request.input.data(), count,
                                         datatype(request.input.dtype()),
                                         request.root, request.tag, self->data_,
-                                        work->request()));
+                                        work->request()),
+                              desc);
             work->started(seq, desc.str());
           } catch (...) {
             work->failed(std::current_exception(), seq, desc.str());
@@ -224,38 +237,64 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   return work;
 }
 
+// One numbered op while it runs on the engine (a collective or a split):
+// peers' status queries see it entered, and finished once the scope ends
+// (whether it succeeded or threw), so a timed-out rank names exactly the
+// ranks that never arrived; the stall inspector watches it (stall_) until
+// then.  Engine thread only, one at a time.
+class MpiCommunicator::RunningOp {
+ public:
+  RunningOp(MpiCommunicator& c, uint64_t seq, uint8_t kind,
+            const comm::OpLabel& desc, size_t bytes, double stall_warn_s,
+            double timeout_s)
+      : c_(c), desc_(desc), seq_(seq), bytes_(bytes),
+        stall_warn_s_(stall_warn_s), timeout_s_(timeout_s) {
+    c_.progress_->kind = kind;
+    c_.progress_->entered = seq;
+    // Quiet unless the op waits TUTTI_STALL_WARN_S.  The callback captures
+    // one pointer (no allocation per op).
+    if (c_.size_ > 1 && stall_warn_s > 0) {
+      stall_.emplace(stall_warn_s, [this](double waited) {
+        c_.warn_stall(desc_, bytes_, seq_, waited, stall_warn_s_, timeout_s_,
+                      phase_);
+      });
+      c_.stall_ = &*stall_;
+    }
+  }
+  ~RunningOp() {
+    c_.stall_ = nullptr;
+    c_.progress_->completed = seq_;
+  }
+  RunningOp(const RunningOp&) = delete;
+  RunningOp& operator=(const RunningOp&) = delete;
+  // What the op waits for now, for the stall warning.
+  void set_phase(const char* phase) { phase_ = phase; }
+
+ private:
+  MpiCommunicator& c_;
+  const comm::OpLabel& desc_;
+  uint64_t seq_;
+  size_t bytes_;
+  double stall_warn_s_;
+  double timeout_s_;
+  const char* phase_ = "agreeing on the operation";
+  std::optional<StallWatch> stall_;
+};
+
 void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
   const OpRequest& r = q->request;
   const uint64_t seq = ++next_seq_;
   const comm::OpLabel desc(r, seq, name_);
   work.start(seq, std::shared_ptr<const OpRequest>(q, &q->request), name_);
+  std::exception_ptr error;
   try {
     if (closed_ || poisoned_)
       TUTTI_THROW(kAborted, desc, ": communicator '", name_,
                   "' is unusable after an earlier failure");
-    progress_->kind = static_cast<uint8_t>(r.kind);
-    progress_->entered = seq;
+    RunningOp running(*this, seq, static_cast<uint8_t>(r.kind), desc,
+                      comm::payload_bytes(r), q->stall_warn_s,
+                      r.options.timeout_s);
     const Deadline deadline(r.options.timeout_s);
-    // The stall inspector: quiet unless the op waits TUTTI_STALL_WARN_S.
-    // Its callback captures two pointers (no allocation per op).
-    struct StallCtx {
-      const comm::OpLabel& desc;
-      const Queued& q;
-      uint64_t seq;
-      const char* phase;
-    } ctx{desc, *q, seq, "agreeing on the operation"};
-    std::optional<StallWatch> stall;
-    if (size_ > 1 && q->stall_warn_s > 0)
-      stall.emplace(q->stall_warn_s, [this, &ctx](double waited) {
-        warn_stall(ctx.desc, comm::payload_bytes(ctx.q.request), ctx.seq,
-                   waited, ctx.q.stall_warn_s, ctx.q.request.options.timeout_s,
-                   ctx.phase);
-      });
-    struct Reset {
-      StallWatch*& p;
-      ~Reset() { p = nullptr; }
-    } reset{stall_};
-    stall_ = stall ? &*stall : nullptr;
     // Local validation first, but a bad rank still joins the agreement
     // check so that its peers fail too instead of waiting for it.
     std::exception_ptr local_error;
@@ -276,14 +315,14 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
                       }, stall_);
     }
     if (local_error) std::rethrow_exception(local_error);
-    ctx.phase = "exchanging data";
+    running.set_phase("exchanging data");
     run_collective(r, deadline, desc, seq);
-    progress_->completed = seq;
-    work.finish();
   } catch (...) {
-    progress_->completed = seq;
-    work.finish(std::current_exception());
+    error = std::current_exception();
   }
+  // After the RunningOp ended: peers see the op finished before its waiter
+  // is released.
+  work.finish(error);
 }
 
 void MpiCommunicator::check_agreement(MPI_Comm check_comm,
@@ -309,20 +348,12 @@ void MpiCommunicator::warn_stall(const comm::OpLabel& desc, size_t bytes,
                                  double period_s, double timeout_s,
                                  const char* phase) {
   if (!log_enabled(LogLevel::kWarn)) return;
-  std::string report;
-  if (StatusService::instance().running()) {
-    auto st = StatusService::instance().query(
-        comm_id_, peer_world_ranks(),
-        static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
-    report = describe_stall(st, seq, world_ranks_[rank_]);
-  } else {
-    report = "peers could not be asked (the status service is stopped)";
-  }
+  const std::string report =
+      peer_report(comm_id_, peer_world_ranks(), seq, world_ranks_[rank_],
+                  /*stall=*/true, name_ == "world");
   TUTTI_LOG(kWarn) << "stall: " << desc << " (" << bytes << " bytes) has waited "
                    << static_cast<int64_t>(waited_s) << " s while " << phase
-                   << "; " << report
-                   << (name_ == "world" ? "" : " [world ranks]")
-                   << " (TUTTI_STALL_WARN_S=" << period_s << "; "
+                   << "; " << report << " (TUTTI_STALL_WARN_S=" << period_s << "; "
                    << (timeout_s > 0
                            ? detail::cat("fails at TUTTI_TIMEOUT=", timeout_s, " s")
                            : std::string("no timeout"))
@@ -335,20 +366,13 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
   // Remembered process-wide: shutdown() must not finalise MPI even after
   // this communicator is destroyed (MPI_Finalize would wait for the peer).
   comm::note_communicator_poisoned();
-  std::string report;
-  if (StatusService::instance().running()) {
-    auto st = StatusService::instance().query(
-        comm_id_, peer_world_ranks(),
-        static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
-    report = describe_stragglers(st, seq);
-  } else {
-    report = "peers could not be asked (the status service is stopped)";
-  }
+  const std::string report =
+      peer_report(comm_id_, peer_world_ranks(), seq, world_ranks_[rank_],
+                  /*stall=*/false, name_ == "world");
   const Error error(
       ErrorCode::kTimeout,
       detail::cat(detail::rank_prefix(), desc, " did not complete within ",
                   seconds, " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
-                  name_ == "world" ? "" : " [world ranks]",
                   ". The communicator is unusable now."));
   comm::communicator_broke(error);
   throw error;
@@ -357,7 +381,7 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
 void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
                                    const comm::OpLabel& desc, uint64_t seq,
                                    MPI_Status* status) {
-  if (!wait(req, deadline, status, stall_))
+  if (!wait(req, deadline, desc, status, stall_))
     fail_timeout(desc, seq, deadline.seconds(), "exchanging data");
 }
 
@@ -383,7 +407,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
         const void* s = in.data() == out.data()
                             ? MPI_IN_PLACE
                             : static_cast<const char*>(in.data()) + off * es;
-        TUTTI_MPI_CHECK(MPI_Iallreduce(s, o, n, dt, op, data_, &req));
+        TUTTI_MPI_CHECK(MPI_Iallreduce(s, o, n, dt, op, data_, &req), desc);
         wait_or_fail(&req, deadline, desc, seq);
       }
       if (r.op == ReduceOp::kAvg)
@@ -396,7 +420,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       for (int64_t off = 0; off < in.numel(); off += kMaxChunk) {
         const int n = static_cast<int>(std::min(kMaxChunk, in.numel() - off));
         TUTTI_MPI_CHECK(MPI_Ibcast(static_cast<char*>(in.data()) + off * es, n,
-                                   dt, r.root, data_, &req));
+                                   dt, r.root, data_, &req), desc);
         wait_or_fail(&req, deadline, desc, seq);
       }
       return;
@@ -407,7 +431,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       checked_int(out.numel(), desc, "the output");
       const char* mine = static_cast<const char*>(out.data()) + rank_ * in.nbytes();
       const void* s = in.data() == mine ? MPI_IN_PLACE : in.data();
-      TUTTI_MPI_CHECK(MPI_Iallgather(s, n, dt, out.data(), n, dt, data_, &req));
+      TUTTI_MPI_CHECK(MPI_Iallgather(s, n, dt, out.data(), n, dt, data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     }
@@ -422,7 +446,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       }
       TUTTI_MPI_CHECK(MPI_Iallgatherv(in.data(), counts[rank_], dt, out.data(),
                                       counts.data(), displs.data(), dt, data_,
-                                      &req));
+                                      &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     }
@@ -435,7 +459,7 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       }
       TUTTI_MPI_CHECK(MPI_Ireduce_scatter_block(
           in.data(), out.data(), n, datatype(in.dtype()),
-          reduce_op(in.dtype(), r.op), data_, &req));
+          reduce_op(in.dtype(), r.op), data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       if (r.op == ReduceOp::kAvg)
         divide_inplace(out.dtype(), out.data(), out.numel(), size_);
@@ -446,13 +470,13 @@ void MpiCommunicator::run_collective(const OpRequest& r,
       checked_int(in.numel(), desc, "the input");
       const MPI_Datatype dt = datatype(in.dtype());
       TUTTI_MPI_CHECK(
-          MPI_Ialltoall(in.data(), n, dt, out.data(), n, dt, data_, &req));
+          MPI_Ialltoall(in.data(), n, dt, out.data(), n, dt, data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     }
     case CollectiveKind::kBarrier:
       if (size_ == 1) return;
-      TUTTI_MPI_CHECK(MPI_Ibarrier(data_, &req));
+      TUTTI_MPI_CHECK(MPI_Ibarrier(data_, &req), desc);
       wait_or_fail(&req, deadline, desc, seq);
       return;
     case CollectiveKind::kSend:
@@ -463,108 +487,88 @@ void MpiCommunicator::run_collective(const OpRequest& r,
 }
 
 void MpiCommunicator::run_ordered(const std::function<void()>& fn) {
-  std::exception_ptr err;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  engine_.submit(
-      [&] {
-        try {
-          fn();
-        } catch (...) {
-          err = std::current_exception();
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          done = true;
-        }
-        cv.notify_all();
-      },
-      true);
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  if (err) std::rethrow_exception(err);
+  engine_.run_and_wait(fn);
+}
+
+void MpiCommunicator::run_split(
+    uint8_t kind, const std::string& detail,
+    const std::function<void(const comm::OpLabel&, uint64_t, const Deadline&)>&
+        body) {
+  engine_.run_and_wait([&] {
+    const uint64_t seq = ++next_seq_;
+    const comm::OpLabel desc(detail::cat(
+        kind == comm::kSplitSharedKind ? "node split #" : "split #", seq,
+        detail, " of group '", name_, "'"));
+    if (closed_ || poisoned_)
+      TUTTI_THROW(kAborted, desc, ": communicator '", name_,
+                  "' is unusable after an earlier failure");
+    const comm::CommSettings::Values settings = settings_.get();
+    RunningOp running(*this, seq, kind, desc, 0, settings.stall_warn_s,
+                      settings.timeout_s);
+    const Deadline deadline(settings.timeout_s);
+    if (size_ > 1 && settings.check_ops) {
+      comm::WireDesc w;
+      w.seq = seq;
+      w.kind = kind;
+      check_agreement(check_, w, false, desc, deadline, [&] {
+        fail_timeout(desc, seq, settings.timeout_s, "agreeing on the operation");
+      }, stall_);
+    }
+    running.set_phase("splitting the communicator");
+    body(desc, seq, deadline);
+  });
 }
 
 std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
     int color, int key, const std::string& name) {
   std::shared_ptr<MpiCommunicator> child;
-  run_ordered([&] {
-    const uint64_t seq = ++next_seq_;
-    const comm::OpLabel desc(detail::cat("split #", seq, " (color ", color,
-                                         ", key ", key, ") of group '", name_,
-                                         "'"));
-    if (closed_ || poisoned_)
-      TUTTI_THROW(kAborted, desc, ": communicator is unusable");
-    const double timeout = config::get_double("TUTTI_TIMEOUT");
-    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
-      comm::WireDesc w;
-      w.seq = seq;
-      w.kind = comm::kSplitKind;
-      check_agreement(check_, w, false, desc, Deadline(timeout), [&] {
-        fail_timeout(desc, seq, timeout, "agreeing on the operation");
-      });
-    }
-    const uint32_t index = splits_++;
-    MPI_Comm out = MPI_COMM_NULL;
-    TUTTI_MPI_CHECK(MPI_Comm_split(data_, color < 0 ? MPI_UNDEFINED : color,
-                                   key, &out));
-    if (out == MPI_COMM_NULL) return;
-    child = std::make_shared<MpiCommunicator>(
-        out, name.empty() ? name_ + "/" + std::to_string(color) : name,
-        mix_id(comm_id_, index, static_cast<uint64_t>(color)));
-  });
+  run_split(comm::kSplitKind, detail::cat(" (color ", color, ", key ", key, ")"),
+            [&](const comm::OpLabel& desc, uint64_t, const Deadline&) {
+              // Every rank agreed on the split: MPI_Comm_split (blocking;
+              // MPI has no non-blocking form) finds them all there.
+              const uint32_t index = splits_++;
+              MPI_Comm out = MPI_COMM_NULL;
+              TUTTI_MPI_CHECK(MPI_Comm_split(data_,
+                                             color < 0 ? MPI_UNDEFINED : color,
+                                             key, &out),
+                              desc);
+              if (out == MPI_COMM_NULL) return;
+              child = std::make_shared<MpiCommunicator>(
+                  out, name.empty() ? name_ + "/" + std::to_string(color) : name,
+                  mix_id(comm_id_, index, static_cast<uint64_t>(color)));
+            });
   return child;
 }
 
 std::shared_ptr<MpiCommunicator> MpiCommunicator::split_shared(
     const std::string& name) {
   std::shared_ptr<MpiCommunicator> child;
-  run_ordered([&] {
-    // Numbered, checked and bounded like split_mpi: a rank that runs
-    // another op here gets kMismatch, one that never arrives kTimeout.
-    const uint64_t seq = ++next_seq_;
-    const comm::OpLabel desc(detail::cat("node split #", seq, " of group '", name_, "'"));
-    if (closed_ || poisoned_)
-      TUTTI_THROW(kAborted, desc, ": communicator is unusable");
-    // Peers' status queries see this rank arrive (a stalled peer's report
-    // names the ranks that never did).
-    progress_->entered = seq;
-    struct Done {
-      CommProgress& p;
-      uint64_t seq;
-      ~Done() { p.completed = seq; }
-    } done{*progress_, seq};
-    const double timeout = config::get_double("TUTTI_TIMEOUT");
-    const Deadline deadline(timeout);
-    if (size_ > 1 && config::get_bool("TUTTI_CHECK_COLLECTIVES")) {
-      comm::WireDesc w;
-      w.seq = seq;
-      w.kind = comm::kSplitSharedKind;
-      check_agreement(check_, w, false, desc, deadline, [&] {
-        fail_timeout(desc, seq, timeout, "agreeing on the operation");
-      });
-    }
+  run_split(comm::kSplitSharedKind, "", [&](const comm::OpLabel& desc,
+                                            uint64_t seq,
+                                            const Deadline& deadline) {
     const uint32_t index = splits_++;
     MPI_Comm out = MPI_COMM_NULL;
     TUTTI_MPI_CHECK(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_,
-                                        MPI_INFO_NULL, &out));
+                                        MPI_INFO_NULL, &out),
+                    desc);
     // The node's lowest world rank makes the id the same on its members
     // and different across nodes.  The buffer is on the heap: after a
     // timeout the request stays pending and MPI may still write it (leaked
     // on purpose, as AgreementCheck's).
     auto lowest_buf = std::make_unique<int>(world_ranks_[rank_]);
     try {
-      TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN));
+      TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN), desc);
       MPI_Request req = MPI_REQUEST_NULL;
-      TUTTI_MPI_CHECK(
-          MPI_Iallreduce(MPI_IN_PLACE, lowest_buf.get(), 1, MPI_INT, MPI_MIN, out, &req));
-      if (!wait(&req, deadline)) {
+      TUTTI_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, lowest_buf.get(), 1, MPI_INT,
+                                     MPI_MIN, out, &req),
+                      desc, " (naming the node group)");
+      if (!wait(&req, deadline, desc, MPI_STATUS_IGNORE, stall_)) {
         (void)lowest_buf.release();
-        fail_timeout(desc, seq, timeout, "naming the node group");
+        fail_timeout(desc, seq, deadline.seconds(), "naming the node group");
       }
     } catch (...) {
-      MPI_Comm_free(&out);  // freed by MPI once a pending request completes
+      // Freed by MPI once a pending request completes.
+      TUTTI_MPI_WARN(MPI_Comm_free(&out), desc);
       throw;
     }
     const int lowest = *lowest_buf;

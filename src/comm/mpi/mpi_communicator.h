@@ -48,6 +48,12 @@ class MpiCommunicator : public Communicator,
   std::shared_ptr<MpiCommunicator> split_shared(const std::string& name);
 
   MPI_Comm comm() const { return data_; }
+  // A new status-service id for a communicator built over this one (an
+  // NCCL communicator), the same on every rank: call it on the engine
+  // (run_ordered), where every rank takes the ids in the same order.
+  uint64_t derived_id();
+  // World ranks of the other members (whom a status query asks).
+  std::vector<int> peer_world_ranks() const;
   uint64_t comm_id() const { return comm_id_; }
   int world_rank(int rank) const { return world_ranks_.at(rank); }
   const std::vector<int>& world_ranks() const { return world_ranks_; }
@@ -59,7 +65,7 @@ class MpiCommunicator : public Communicator,
   bool poisoned() const { return poisoned_.load(); }
 
   // Runs `fn` on the progress engine, in order with the collectives (used by
-  // split and by backends that bootstrap over this communicator).
+  // backends that bootstrap over this communicator).
   void run_ordered(const std::function<void()>& fn);
 
   // Host-side agreement check used by this communicator and by the NCCL
@@ -84,6 +90,7 @@ class MpiCommunicator : public Communicator,
                                  double seconds, const char* phase);
 
  private:
+  class RunningOp;
   // An operation as queued: the request plus the settings in force when it
   // was submitted.
   struct Queued {
@@ -92,8 +99,15 @@ class MpiCommunicator : public Communicator,
     double stall_warn_s = 0;  // TUTTI_STALL_WARN_S
   };
   void execute(const std::shared_ptr<Queued>& q, comm::CpuWork& work);
-  // World ranks of the other members.
-  std::vector<int> peer_world_ranks() const;
+  // A split, which is no OpRequest, under execute()'s discipline: numbered
+  // like the collectives, agreed (wire kind `kind`: a split against another
+  // op is kMismatch on every rank), recorded for peers' status queries and
+  // the stall inspector, bounded by TUTTI_TIMEOUT.  Runs on the engine;
+  // `body` runs once every rank agreed, with the op's deadline.  `detail`
+  // follows the kind and number in the label (" (color 1, key 0)").
+  void run_split(uint8_t kind, const std::string& detail,
+                 const std::function<void(const comm::OpLabel& desc, uint64_t seq,
+                                          const Deadline& deadline)>& body);
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
   void wait_or_fail(MPI_Request* req, const Deadline& deadline,
@@ -111,13 +125,14 @@ class MpiCommunicator : public Communicator,
   uint64_t next_seq_ = 0;      // collectives; touched only by the engine task
   uint64_t next_p2p_seq_ = 0;  // send/recv, numbered separately
   uint32_t splits_ = 0;
+  uint64_t derived_ = 0;  // derived_id()s handed out; engine only
   std::shared_ptr<CommProgress> progress_;
   std::atomic<bool> poisoned_{false};
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
   comm::CommSettings settings_;  // the hot path must not parse the environment
-  // The running collective's stall watch (engine thread only; null between
-  // ops and when TUTTI_STALL_WARN_S is 0).
+  // The running op's stall watch (engine thread only; null between ops and
+  // when TUTTI_STALL_WARN_S is 0).  Set by RunningOp.
   StallWatch* stall_ = nullptr;
 };
 

@@ -1,7 +1,5 @@
 #include "comm/mpi/mpi_runtime.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -9,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/backoff.h"
 #include "core/cpu_reduce.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -16,9 +15,16 @@
 namespace tutti {
 namespace mpi {
 
-void throw_mpi_error(int code, const char* expr, const char* file, int line) {
+void throw_mpi_error(int code, const char* expr, const std::string& context,
+                     const char* file, int line) {
   detail::throw_error(ErrorCode::kMpi, file, line,
-                      detail::cat(expr, " failed: ", error_string(code)));
+                      detail::call_failed(expr, context, error_string(code)));
+}
+
+bool mpi_ok(int code, const char* expr, const std::string& context) {
+  if (code == MPI_SUCCESS) return true;
+  TUTTI_LOG(kWarn) << detail::call_failed(expr, context, error_string(code));
+  return false;
 }
 
 std::string error_string(int code) {
@@ -39,9 +45,11 @@ bool launched_by_launcher() {
 }
 
 bool is_initialized() {
+  // Asked on teardown paths too: a failed query (never seen) counts as
+  // "not usable" and is logged rather than thrown.
   int init = 0, fin = 0;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
+  if (!TUTTI_MPI_WARN(MPI_Initialized(&init))) return false;
+  if (!TUTTI_MPI_WARN(MPI_Finalized(&fin))) return false;
   return init && !fin;
 }
 
@@ -63,15 +71,22 @@ struct UserOps {
 std::mutex g_ops_mu;
 UserOps g_ops;
 
+template <DType D, ReduceOp O>
+void create_op(MPI_Op* row) {
+  TUTTI_MPI_CHECK(MPI_Op_create(&user_fn<D, O>, 1, &row[static_cast<int>(O)]),
+                  "creating tutti's ", dtype_name(D), " ", reduce_op_name(O),
+                  " reduction");
+}
+
 template <DType D>
 void create_float_ops(bool half) {
   MPI_Op* row = g_ops.ops[static_cast<int>(D)];
-  MPI_Op_create(&user_fn<D, ReduceOp::kMin>, 1, &row[static_cast<int>(ReduceOp::kMin)]);
-  MPI_Op_create(&user_fn<D, ReduceOp::kMax>, 1, &row[static_cast<int>(ReduceOp::kMax)]);
+  create_op<D, ReduceOp::kMin>(row);
+  create_op<D, ReduceOp::kMax>(row);
   if (half) {
-    MPI_Op_create(&user_fn<D, ReduceOp::kSum>, 1, &row[static_cast<int>(ReduceOp::kSum)]);
+    create_op<D, ReduceOp::kSum>(row);
     row[static_cast<int>(ReduceOp::kAvg)] = row[static_cast<int>(ReduceOp::kSum)];
-    MPI_Op_create(&user_fn<D, ReduceOp::kProd>, 1, &row[static_cast<int>(ReduceOp::kProd)]);
+    create_op<D, ReduceOp::kProd>(row);
   }
 }
 
@@ -129,11 +144,12 @@ std::string thread_level_problem(int granted, bool owned) {
 InitState initialize() {
   InitState s;
   if (is_initialized()) {
-    MPI_Query_thread(&s.thread_level);
+    TUTTI_MPI_CHECK(MPI_Query_thread(&s.thread_level),
+                    "asking the application's MPI for its thread level");
     s.owned = false;
   } else {
     int fin = 0;
-    MPI_Finalized(&fin);
+    TUTTI_MPI_CHECK(MPI_Finalized(&fin), "initialising MPI");
     if (fin)
       TUTTI_THROW(kUnsupported,
                   "MPI was already finalised in this process; tutti cannot "
@@ -146,8 +162,9 @@ InitState initialize() {
     // unless the user chose; other MPIs ignore the variable.
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
     const int wanted = requested_thread_level();
-    TUTTI_MPI_CHECK(
-        MPI_Init_thread(nullptr, nullptr, wanted, &s.thread_level));
+    TUTTI_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, wanted, &s.thread_level),
+                    "initialising MPI (asking for ", thread_level_name(wanted),
+                    ")");
     s.owned = true;
   }
   const std::string problem = thread_level_problem(s.thread_level, s.owned);
@@ -169,13 +186,14 @@ void finalize(const InitState& state) {
           MPI_Op& op = g_ops.ops[d][o];
           // kAvg aliases kSum for the 16-bit types: free each op once.
           if (op != MPI_OP_NULL && o != static_cast<int>(ReduceOp::kAvg))
-            MPI_Op_free(&op);
+            TUTTI_MPI_WARN(MPI_Op_free(&op), "shutting down");
           op = MPI_OP_NULL;
         }
     }
     g_ops.created = false;
   }
-  if (state.owned && is_initialized()) MPI_Finalize();
+  if (state.owned && is_initialized())
+    TUTTI_MPI_WARN(MPI_Finalize(), "shutting down");
 }
 
 MPI_Datatype datatype(DType dtype) {
@@ -231,79 +249,35 @@ void StallWatch::poll(Clock::time_point now) {
   report_(std::chrono::duration<double>(now - start_).count());
 }
 
-bool wait(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
-          StallWatch* stall) {
+bool wait(MPI_Request* request, const Deadline& deadline,
+          const comm::OpLabel& desc, MPI_Status* status, StallWatch* stall) {
   int rc = MPI_SUCCESS;
   const bool done = wait_rc(request, deadline, status, &rc, stall);
-  if (rc != MPI_SUCCESS) throw_mpi_error(rc, "MPI_Test", __FILE__, __LINE__);
+  if (rc != MPI_SUCCESS)
+    throw_mpi_error(rc, "MPI_Test", desc.str(), __FILE__, __LINE__);
   return done;
 }
-
-namespace {
-
-// TUTTI_MPI_WAIT_SLEEP_US, re-read when the settings generation changes
-// (per thread: waits run on several threads and must not share a lock).
-int64_t max_sleep_us() {
-  thread_local uint64_t generation = ~uint64_t{0};
-  thread_local int64_t value = 1000;
-  const uint64_t g = config::generation();
-  if (g != generation) {
-    value = config::get_int("TUTTI_MPI_WAIT_SLEEP_US");
-    generation = g;
-  }
-  return value;
-}
-
-}  // namespace
 
 bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
              int* rc, StallWatch* stall) {
   // Open MPI's MPI_Wait polls its progress engine in a loop (a core at 100%
   // for as long as the wait lasts; it also cannot honour the deadline), so
-  // the blocking wait is built here from MPI_Test and sleeps:
-  //  1. kSpinPolls back-to-back polls: a small collective whose peers are
-  //     already there completes in a few microseconds;
-  //  2. polls separated by sched_yield() for the first kYieldUs: one ring
-  //     step of a large message, an oversubscribed peer's turn;
-  //  3. polls separated by sleeps growing x2 from kFirstSleepUs up to
-  //     TUTTI_MPI_WAIT_SLEEP_US: a late peer, a long transfer.  Each poll
-  //     also progresses MPI (non-blocking collectives advance only inside
-  //     MPI calls), and a completion is seen at most one sleep late, so the
-  //     added latency is bounded by min(time already waited, the cap).
-  //     The stall inspector (`stall`) is polled where the deadline is
-  //     checked: never in phase 1, so a prompt op does not touch it.
-  // A cap of 0 keeps phase 2 for the whole wait (the former busy wait).
-  constexpr int kSpinPolls = 64;
-  constexpr int64_t kYieldUs = 200;
-  constexpr int64_t kFirstSleepUs = 20;
-  using Clock = std::chrono::steady_clock;
+  // the blocking wait is built here from MPI_Test and comm::Backoff (spin,
+  // yield, then sleeps up to TUTTI_MPI_WAIT_SLEEP_US).  Each poll also
+  // progresses MPI (non-blocking collectives advance only inside MPI
+  // calls).  The stall inspector (`stall`) is polled where the deadline is
+  // checked: never while spinning, so a prompt op does not touch it.
+  comm::Backoff backoff(comm::wait_sleep_cap_us());
   int flag = 0;
-  *rc = MPI_SUCCESS;
-  for (int i = 0; i < kSpinPolls; ++i) {
+  for (;;) {
     *rc = MPI_Test(request, &flag, status);
     if (*rc != MPI_SUCCESS || flag) return true;
-  }
-  const auto start = Clock::now();
-  const auto yield_until = start + std::chrono::microseconds(kYieldUs);
-  const int64_t cap = max_sleep_us();
-  int64_t sleep_us = kFirstSleepUs;
-  for (uint64_t i = 0;; ++i) {
-    *rc = MPI_Test(request, &flag, status);
-    if (*rc != MPI_SUCCESS || flag) return true;
-    const bool yielding = cap <= 0 || Clock::now() < yield_until;
-    // Yielding polls are cheap; look at the clock for the deadline (and the
-    // stall inspector) only every 64th of them.  Sleeping polls are few:
-    // check each time.
-    if (!yielding || (i & 63) == 63) {
+    const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
+    if (step.check_clock) {
       if (deadline.expired()) return false;
-      if (stall) stall->poll(Clock::now());
+      if (stall) stall->poll(comm::Backoff::Clock::now());
     }
-    if (yielding) {
-      sched_yield();
-      continue;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-    sleep_us = std::min(cap, sleep_us * 2);
+    comm::Backoff::pause(step);
   }
 }
 

@@ -7,14 +7,21 @@
 #include <chrono>
 #include <functional>
 
+#include "comm/op_desc.h"
 #include "core/check.h"
 #include "tutti/comm.h"
 
 namespace tutti {
 namespace mpi {
 
-[[noreturn]] void throw_mpi_error(int code, const char* expr, const char* file,
+// What TUTTI_MPI_CHECK throws: Error(kMpi) "rank R: <context>: MPI_Xxx
+// failed: <MPI's text>" (detail::call_failed).
+[[noreturn]] void throw_mpi_error(int code, const char* expr,
+                                  const std::string& context, const char* file,
                                   int line);
+// What TUTTI_MPI_WARN does with a failure: logs the same text at WARN and
+// returns false (true for MPI_SUCCESS).
+bool mpi_ok(int code, const char* expr, const std::string& context);
 
 // MPI's own error text for a return code.
 std::string error_string(int code);
@@ -91,13 +98,14 @@ class StallWatch {
 };
 
 // Polls `request` until it completes (true) or the deadline passes (false;
-// the request is left pending).  Spins briefly, yields for a few hundred
-// microseconds, then sleeps between polls with exponential backoff up to
-// TUTTI_MPI_WAIT_SLEEP_US, so a long wait (a late peer) costs little CPU:
+// the request is left pending).  An MPI error throws kMpi naming `desc`.
+// Backs off as comm::Backoff says (spin, yield, then sleeps up to
+// TUTTI_MPI_WAIT_SLEEP_US), so a long wait (a late peer) costs little CPU:
 // the cores stay with the computation the communication overlaps.
 // A `stall` watch is polled alongside the deadline.
 bool wait(MPI_Request* request, const Deadline& deadline,
-          MPI_Status* status = MPI_STATUS_IGNORE, StallWatch* stall = nullptr);
+          const comm::OpLabel& desc, MPI_Status* status = MPI_STATUS_IGNORE,
+          StallWatch* stall = nullptr);
 
 // As wait(), but an MPI error is returned in *rc (MPI_SUCCESS otherwise)
 // instead of thrown, for callers that translate it (e.g. MPI_ERR_TRUNCATE).
@@ -107,9 +115,22 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
 }  // namespace mpi
 }  // namespace tutti
 
-#define TUTTI_MPI_CHECK(expr)                                            \
-  do {                                                                   \
-    int tutti_rc_ = (expr);                                              \
-    if (tutti_rc_ != MPI_SUCCESS)                                        \
-      ::tutti::mpi::throw_mpi_error(tutti_rc_, #expr, __FILE__, __LINE__); \
+// The check for every MPI call (tutti sets MPI_ERRORS_RETURN on each
+// communicator it uses, so failures come back as return codes).  The
+// optional arguments are the context, concatenated: the op (an OpLabel
+// names op, sequence number, group and peer) or what the call was for.
+// Throws Error(kMpi) "rank R: <context>: MPI_Xxx failed: <MPI's text>".
+#define TUTTI_MPI_CHECK(expr, ...)                                         \
+  do {                                                                     \
+    const int tutti_rc_ = (expr);                                          \
+    if (tutti_rc_ != MPI_SUCCESS)                                          \
+      ::tutti::mpi::throw_mpi_error(tutti_rc_, #expr,                      \
+                                    ::tutti::detail::cat(__VA_ARGS__),     \
+                                    __FILE__, __LINE__);                   \
   } while (0)
+
+// The same check where throwing is wrong (close() and destructors, the
+// status responder thread, a diagnosis gathered while another error is
+// being raised): logs the failure at WARN; evaluates to true on success.
+#define TUTTI_MPI_WARN(expr, ...)                                         \
+  ::tutti::mpi::mpi_ok((expr), #expr, ::tutti::detail::cat(__VA_ARGS__))

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "comm/mpi/mpi_runtime.h"
+#include "tutti/config.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -16,6 +17,9 @@ namespace {
 constexpr int kQueryTag = 1;
 constexpr int kFirstReplyTag = 100;
 constexpr int kReplyTagSpan = 30000;
+// Contexts of the (logged, never thrown) MPI failures below.
+constexpr const char* kResponder = "status responder";
+constexpr const char* kAsking = "status query to world rank ";
 
 }  // namespace
 
@@ -26,8 +30,9 @@ StatusService& StatusService::instance() {
 
 void StatusService::start(MPI_Comm world) {
   if (running_) return;
-  TUTTI_MPI_CHECK(MPI_Comm_dup(world, &comm_));
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  TUTTI_MPI_CHECK(MPI_Comm_dup(world, &comm_), "starting the status service");
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN),
+                  "starting the status service");
   stop_ = false;
   running_ = true;
   thread_ = std::thread([this] { respond_loop(); });
@@ -37,7 +42,8 @@ void StatusService::stop() {
   if (!running_) return;
   stop_ = true;
   if (thread_.joinable()) thread_.join();
-  if (comm_ != MPI_COMM_NULL && is_initialized()) MPI_Comm_free(&comm_);
+  if (comm_ != MPI_COMM_NULL && is_initialized())
+    TUTTI_MPI_WARN(MPI_Comm_free(&comm_), "stopping the status service");
   comm_ = MPI_COMM_NULL;
   running_ = false;
 }
@@ -57,13 +63,16 @@ void StatusService::respond_loop() {
   uint64_t query[2] = {0, 0};  // comm id, reply tag
   MPI_Request req = MPI_REQUEST_NULL;
   std::vector<std::pair<MPI_Request, std::unique_ptr<uint64_t[]>>> sends;
-  if (MPI_Irecv(query, 2, MPI_UINT64_T, MPI_ANY_SOURCE, kQueryTag, comm_,
-                &req) != MPI_SUCCESS)
+  // A thread of its own: failures are logged (kResponder) and end the
+  // responder; peers asking this rank then report it as not answering.
+  if (!TUTTI_MPI_WARN(MPI_Irecv(query, 2, MPI_UINT64_T, MPI_ANY_SOURCE,
+                                kQueryTag, comm_, &req),
+                      kResponder))
     return;
   while (!stop_) {
     int flag = 0;
     MPI_Status st;
-    if (MPI_Test(&req, &flag, &st) != MPI_SUCCESS) break;
+    if (!TUTTI_MPI_WARN(MPI_Test(&req, &flag, &st), kResponder)) break;
     if (flag) {
       std::unique_ptr<uint64_t[]> reply(new uint64_t[4]{0, 0, 0, 0});
       {
@@ -77,17 +86,24 @@ void StatusService::respond_loop() {
         }
       }
       MPI_Request sreq;
-      if (MPI_Isend(reply.get(), 4, MPI_UINT64_T, st.MPI_SOURCE,
-                    static_cast<int>(query[1]), comm_, &sreq) == MPI_SUCCESS)
+      if (TUTTI_MPI_WARN(MPI_Isend(reply.get(), 4, MPI_UINT64_T, st.MPI_SOURCE,
+                                   static_cast<int>(query[1]), comm_, &sreq),
+                         kResponder, " (answering world rank ", st.MPI_SOURCE, ")"))
         sends.emplace_back(sreq, std::move(reply));
-      if (MPI_Irecv(query, 2, MPI_UINT64_T, MPI_ANY_SOURCE, kQueryTag, comm_,
-                    &req) != MPI_SUCCESS)
+      if (!TUTTI_MPI_WARN(MPI_Irecv(query, 2, MPI_UINT64_T, MPI_ANY_SOURCE,
+                                    kQueryTag, comm_, &req),
+                          kResponder))
         break;
       continue;
     }
     for (size_t i = 0; i < sends.size();) {
       int done = 0;
-      MPI_Test(&sends[i].first, &done, MPI_STATUS_IGNORE);
+      if (!TUTTI_MPI_WARN(MPI_Test(&sends[i].first, &done, MPI_STATUS_IGNORE),
+                          kResponder)) {
+        // Dropped (the asker times out); MPI may still read the buffer.
+        (void)sends[i].second.release();
+        done = 1;
+      }
       if (done) {
         sends[i] = std::move(sends.back());
         sends.pop_back();
@@ -97,11 +113,11 @@ void StatusService::respond_loop() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  if (req != MPI_REQUEST_NULL) {
-    MPI_Cancel(&req);
-    MPI_Wait(&req, MPI_STATUS_IGNORE);
-  }
-  for (auto& s : sends) MPI_Request_free(&s.first);  // small; eager-sent
+  if (req != MPI_REQUEST_NULL && TUTTI_MPI_WARN(MPI_Cancel(&req), kResponder))
+    TUTTI_MPI_WARN(MPI_Wait(&req, MPI_STATUS_IGNORE), kResponder);
+  for (auto& s : sends)  // small; eager-sent
+    if (s.first != MPI_REQUEST_NULL)
+      TUTTI_MPI_WARN(MPI_Request_free(&s.first), kResponder);
   // The buffers of freed sends must outlive them: keep them (a few bytes).
   for (auto& s : sends) s.second.release();
 }
@@ -120,19 +136,37 @@ std::vector<PeerStatus> StatusService::query(uint64_t comm_id,
   auto* replies = new uint64_t[4 * ranks.size()]();
   std::vector<MPI_Request> sends(ranks.size(), MPI_REQUEST_NULL);
   std::vector<MPI_Request> recvs(ranks.size(), MPI_REQUEST_NULL);
+  // A diagnosis gathered while an error is being raised: a failed call is
+  // logged and that peer counts as not answering, never thrown.
+  std::vector<char> waiting(ranks.size(), 0);  // for this peer's reply
+  size_t pending = 0;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    MPI_Irecv(replies + 4 * i, 4, MPI_UINT64_T, ranks[i], reply_tag, comm_,
-              &recvs[i]);
-    MPI_Isend(q, 2, MPI_UINT64_T, ranks[i], kQueryTag, comm_, &sends[i]);
+    if (!TUTTI_MPI_WARN(MPI_Irecv(replies + 4 * i, 4, MPI_UINT64_T, ranks[i],
+                                  reply_tag, comm_, &recvs[i]),
+                        kAsking, ranks[i])) {
+      recvs[i] = MPI_REQUEST_NULL;
+      continue;
+    }
+    waiting[i] = 1;
+    ++pending;
+    if (!TUTTI_MPI_WARN(MPI_Isend(q, 2, MPI_UINT64_T, ranks[i], kQueryTag,
+                                  comm_, &sends[i]),
+                        kAsking, ranks[i]))
+      sends[i] = MPI_REQUEST_NULL;
   }
   Deadline deadline(grace_seconds > 0 ? grace_seconds : 0.001);
-  size_t pending = ranks.size();
   while (pending > 0 && !deadline.expired()) {
     for (size_t i = 0; i < ranks.size(); ++i) {
-      if (recvs[i] == MPI_REQUEST_NULL) continue;
+      if (!waiting[i]) continue;
       int flag = 0;
-      MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE);
+      if (!TUTTI_MPI_WARN(MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE),
+                          kAsking, ranks[i])) {
+        waiting[i] = 0;  // given up: reported as not answering
+        --pending;
+        continue;
+      }
       if (flag) {
+        waiting[i] = 0;
         out[i].answered = true;
         out[i].entered = replies[4 * i];
         out[i].completed = replies[4 * i + 1];
@@ -146,14 +180,16 @@ std::vector<PeerStatus> StatusService::query(uint64_t comm_id,
   bool abandoned = false;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (recvs[i] != MPI_REQUEST_NULL) {
-      MPI_Cancel(&recvs[i]);
-      MPI_Request_free(&recvs[i]);
+      TUTTI_MPI_WARN(MPI_Cancel(&recvs[i]), kAsking, ranks[i]);
+      TUTTI_MPI_WARN(MPI_Request_free(&recvs[i]), kAsking, ranks[i]);
       abandoned = true;
     }
+    if (sends[i] == MPI_REQUEST_NULL) continue;
     int flag = 0;
-    MPI_Test(&sends[i], &flag, MPI_STATUS_IGNORE);
-    if (!flag) {
-      MPI_Request_free(&sends[i]);
+    if (!TUTTI_MPI_WARN(MPI_Test(&sends[i], &flag, MPI_STATUS_IGNORE), kAsking,
+                        ranks[i]) ||
+        !flag) {
+      TUTTI_MPI_WARN(MPI_Request_free(&sends[i]), kAsking, ranks[i]);
       abandoned = true;
     }
   }
@@ -166,6 +202,13 @@ std::vector<PeerStatus> StatusService::query(uint64_t comm_id,
 
 namespace {
 
+// CommProgress::kind: a CollectiveKind or one of the split kinds.
+const char* kind_name(uint8_t kind) {
+  if (kind == comm::kSplitKind) return "split";
+  if (kind == comm::kSplitSharedKind) return "node split";
+  return collective_kind_name(static_cast<CollectiveKind>(kind));
+}
+
 // " (last entered #4 barrier, finished it)" for a peer that did not reach
 // the op.
 std::string where_is(const PeerStatus& p) {
@@ -176,8 +219,7 @@ std::string where_is(const PeerStatus& p) {
     os << " (has not started any operation)";
   else
     os << " (last entered #" << p.entered << " "
-       << collective_kind_name(static_cast<CollectiveKind>(p.kind))
-       << (p.completed >= p.entered ? ", finished it" : ", still in it") << ")";
+       << kind_name(p.kind) << (p.completed >= p.entered ? ", finished it" : ", still in it") << ")";
   return os.str();
 }
 
@@ -207,6 +249,17 @@ std::string describe_stall(const std::vector<PeerStatus>& peers, uint64_t seq,
     os << "; missing: none (every rank entered this op: the transport has "
           "not completed it yet)";
   return os.str();
+}
+
+std::string peer_report(uint64_t comm_id, const std::vector<int>& peers,
+                        uint64_t seq, int self, bool stall, bool world_group) {
+  if (!StatusService::instance().running())
+    return "peers could not be asked (the status service is stopped)";
+  const auto st = StatusService::instance().query(
+      comm_id, peers,
+      static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
+  return (stall ? describe_stall(st, seq, self) : describe_stragglers(st, seq)) +
+         (world_group ? "" : " [world ranks]");
 }
 
 std::string describe_stragglers(const std::vector<PeerStatus>& peers,

@@ -27,7 +27,8 @@ namespace mpi {
 struct CommProgress {
   std::atomic<uint64_t> entered{0};    // seq of the last op started
   std::atomic<uint64_t> completed{0};  // seq of the last op finished
-  std::atomic<uint8_t> kind{0};        // CollectiveKind of `entered`
+  // CollectiveKind of `entered`, or comm::kSplitKind / kSplitSharedKind.
+  std::atomic<uint8_t> kind{0};
 };
 
 struct PeerStatus {
@@ -69,6 +70,15 @@ class StatusService {
   std::mutex query_mu_;
   uint32_t next_reply_tag_ = 0;
 };
+
+// Asks `peers` (world ranks) where they are on communicator `comm_id` and
+// describes op #`seq` for the error or warning of rank `self` (world rank):
+// describe_stall() when `stall`, else describe_stragglers(); " [world
+// ranks]" is appended unless `world_group`.  Blocks up to
+// TUTTI_STATUS_GRACE_MS when peers do not answer.  Used by the MPI
+// communicator and by the NCCL one's watchdog.
+std::string peer_report(uint64_t comm_id, const std::vector<int>& peers,
+                        uint64_t seq, int self, bool stall, bool world_group);
 
 // "rank 1 never arrived (last entered #4 barrier); rank 2 did not answer"
 std::string describe_stragglers(const std::vector<PeerStatus>& peers,

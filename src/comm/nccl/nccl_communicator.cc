@@ -3,17 +3,17 @@
 #include "core/check.h"
 
 #if TUTTI_WITH_NCCL
-#include <sched.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
+#include "comm/backoff.h"
 #include "comm/comm_settings.h"
 #include "comm/mpi/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/mpi/status_service.h"
 #include "comm/nccl/nccl_utils.h"
 #include "comm/op_desc.h"
 #include "comm/progress_engine.h"
@@ -92,6 +92,9 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
   cuda::Event done;   // recorded on the communication stream
   // Posted by the engine before started(); null when not checking.
   std::unique_ptr<mpi::AgreementCheck> check;
+  // What peers' status queries read: marked finished (seq) on completion.
+  std::shared_ptr<mpi::CommProgress> status;
+  uint64_t seq = 0;
 
  private:
   // mu_ held.  Throws what the check found.
@@ -101,6 +104,11 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
     if (check && !check->test(comm::OpLabel(desc_))) return false;
     if (!done.query()) return false;
     complete_ = true;
+    if (status) {  // ops may complete out of order: keep the largest
+      uint64_t c = status->completed.load();
+      while (c < seq && !status->completed.compare_exchange_weak(c, seq)) {
+      }
+    }
     return true;
   }
   // poll_locked() for a waiting user thread: a mismatch it finds breaks the
@@ -129,12 +137,21 @@ class NcclCommunicatorImpl {
       // thread finds a disagreement: separate communicators keep each one's
       // collectives in one order on every rank.  MPI_Comm_dup is collective
       // on the host communicator: in order with its other operations.
-      host->run_ordered([this] {
+      uint64_t id = 0;
+      host->run_ordered([this, &id] {
+        const std::string what =
+            detail::cat("setting up the agreement check of NCCL communicator '",
+                        name, "'");
         for (MPI_Comm* c : {&check, &check_detail}) {
-          TUTTI_MPI_CHECK(MPI_Comm_dup(host->comm(), c));
-          MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
+          TUTTI_MPI_CHECK(MPI_Comm_dup(host->comm(), c), what);
+          TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN), what);
         }
+        id = host->derived_id();
       });
+      // Published for peers' status queries under an id every rank derives
+      // alike (in the host communicator's order).
+      status_id = id;
+      mpi::StatusService::instance().add(status_id, progress);
     }
     const int d = device;
     watchdog.start_thread(kWatchInterval, [d] {
@@ -148,6 +165,14 @@ class NcclCommunicatorImpl {
     h.async_error = [this] { return async_error(); };
     h.abort = [this] { abort(); };
     h.on_broken = [](const Error& e) { comm::communicator_broke(e); };
+    // Which ranks never arrived, asked over the host communicator's MPI
+    // side channel (the status service), as the MPI path's timeouts do.
+    h.peers = [this](uint64_t seq, bool stall) -> std::string {
+      if (!host) return "";
+      return mpi::peer_report(status_id, host->peer_world_ranks(), seq,
+                              host->world_rank(host->rank()), stall,
+                              host->name() == "world");
+    };
     return h;
   }
 
@@ -168,10 +193,8 @@ class NcclCommunicatorImpl {
     std::lock_guard<std::mutex> lock(nccl_mu);
     if (!comm) return;
     cuda::DeviceGuard g(device);
-    const ncclResult_t r = ncclCommAbort(comm);
+    TUTTI_NCCL_WARN(ncclCommAbort(comm), "NCCL communicator '", name, "'");
     comm = nullptr;
-    if (r != ncclSuccess)
-      TUTTI_LOG(kWarn) << "ncclCommAbort on '" << name << "': " << ncclGetErrorString(r);
   }
 
   // Waits (bounded) while an enqueue on the non-blocking communicator is in
@@ -213,12 +236,18 @@ class NcclCommunicatorImpl {
   std::atomic<bool> closed{false};
   std::mutex close_mu;
   comm::CommSettings settings;  // the hot path must not parse the environment
+  // This rank's progress on the NCCL ops (entered when enqueued, finished
+  // when the kernel and the check completed), for peers' status queries.
+  std::shared_ptr<mpi::CommProgress> progress =
+      std::make_shared<mpi::CommProgress>();
+  uint64_t status_id = 0;  // 0: not published (no host)
 };
 
 void NcclCommunicatorImpl::close() {
   std::lock_guard<std::mutex> lock(close_mu);
   if (closed.exchange(true)) return;
   engine.stop();
+  if (status_id) mpi::StatusService::instance().remove(status_id);
   // Ops in flight finish or fail first: the watchdog bounds them (with
   // TUTTI_TIMEOUT=0, as everywhere, a dead peer is waited for forever).
   while (watchdog.in_flight() > 0 && !watchdog.broken())
@@ -235,17 +264,23 @@ void NcclCommunicatorImpl::close() {
     if (c) {
       const ncclResult_t rc =
           await(c, ncclCommFinalize(c), mpi::Deadline(settings.get().timeout_s));
+      const std::string what = detail::cat("closing NCCL communicator '", name, "'");
       if (rc == ncclSuccess) {
-        ncclCommDestroy(c);
+        TUTTI_NCCL_WARN(ncclCommDestroy(c), what);
       } else {
         TUTTI_LOG(kWarn) << "NCCL communicator '" << name << "': ncclCommFinalize "
                          << (rc == ncclInProgress ? "did not finish in time"
                                                   : ncclGetErrorString(rc))
                          << "; aborting it";
-        ncclCommAbort(c);
+        TUTTI_NCCL_WARN(ncclCommAbort(c), what);
       }
     }
-    if (scratch) cudaFree(scratch);
+    if (scratch) {
+      const cudaError_t e = cudaFree(scratch);
+      if (e != cudaSuccess)
+        TUTTI_LOG(kWarn) << "closing NCCL communicator '" << name
+                         << "': cudaFree failed: " << cudaGetErrorString(e);
+    }
     stream.reset();
   } catch (const std::exception& e) {
     TUTTI_LOG(kWarn) << "closing NCCL communicator '" << name << "': " << e.what();
@@ -253,7 +288,8 @@ void NcclCommunicatorImpl::close() {
   scratch = nullptr;
   if (mpi::is_initialized())
     for (MPI_Comm* m : {&check, &check_detail})
-      if (*m != MPI_COMM_NULL) MPI_Comm_free(m);
+      if (*m != MPI_COMM_NULL)
+        TUTTI_MPI_WARN(MPI_Comm_free(m), "closing NCCL communicator '", name, "'");
   check = check_detail = MPI_COMM_NULL;
 }
 
@@ -290,15 +326,19 @@ void CudaWork::synchronize() {
   wait_started(lock);
   cuda::DeviceGuard g(device_);
   // The watchdog bounds this loop: at the deadline it fails the work.
-  for (uint64_t i = 0;; ++i) {
+  // Backs off like the MPI waits (comm::Backoff); a sleep is a wait on cv_,
+  // so a failure (fail()) wakes it at once.
+  comm::Backoff backoff(comm::wait_sleep_cap_us());
+  for (;;) {
     if (error_) std::rethrow_exception(error_);
     if (progress(lock)) return;
-    if (i < 64) {
-      lock.unlock();
-      sched_yield();
-      lock.lock();
+    const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
+    if (step.kind == comm::Backoff::Kind::kSleep) {
+      cv_.wait_for(lock, std::chrono::microseconds(step.sleep_us));
     } else {
-      cv_.wait_for(lock, std::chrono::microseconds(50));
+      lock.unlock();
+      comm::Backoff::pause(step);
+      lock.lock();
     }
   }
 }
@@ -314,6 +354,12 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
   const mpi::Deadline deadline(timeout);
   try {
     watchdog.throw_if_broken(desc.str());
+    if (!p2p) {  // numbered like the collectives every rank counts
+      progress->kind = static_cast<uint8_t>(r.kind);
+      progress->entered = seq;
+      work->status = progress;
+      work->seq = seq;
+    }
     std::exception_ptr local_error;
     try {
       comm::validate(r, rank, size, desc);
@@ -461,7 +507,9 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
   impl->rank = host ? host->rank() : 0;
   impl->size = host ? host->size() : 1;
   ncclUniqueId id;
-  if (impl->rank == 0) TUTTI_NCCL_CHECK(ncclGetUniqueId(&id));
+  if (impl->rank == 0)
+    TUTTI_NCCL_CHECK(ncclGetUniqueId(&id), "creating NCCL communicator '", name,
+                     "'");
   if (host) {
     Tensor t(&id, DType::kUInt8, Shape{static_cast<int64_t>(sizeof(id))});
     OpOptions o;
@@ -475,7 +523,9 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
   ncclResult_t rc = ncclCommInitRankConfig(&c, impl->size, id, impl->rank, &config);
   if (c) rc = await(c, rc, mpi::Deadline(timeout_s));
   if (rc != ncclSuccess) {
-    if (c) ncclCommAbort(c);
+    if (c)
+      TUTTI_NCCL_WARN(ncclCommAbort(c), "aborting the half-built NCCL communicator '",
+                      name, "'");
     if (rc != ncclInProgress)
       TUTTI_THROW(kNccl, "NCCL communicator '", name, "' (rank ", impl->rank,
                   " of ", impl->size, " on cuda:", device,
@@ -544,70 +594,54 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
     const std::string& name) {
   NcclCommunicatorImpl* parent = impl_.get();
   std::shared_ptr<NcclCommunicator> child;
-  std::exception_ptr err;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;
   // ncclCommSplit is collective over the parent: run it in order with the
   // parent's operations.
-  parent->engine.submit(
-      [&] {
-        try {
-          const std::string what = detail::cat(
-              "ncclCommSplit (color ", color, ", key ", key, ") of '",
-              parent->name, "' into '", name, "'");
-          parent->watchdog.throw_if_broken(what);
-          const double timeout_s = parent->settings.get().timeout_s;
-          const mpi::Deadline deadline(timeout_s);
-          ncclConfig_t config = nonblocking_config();
-          ncclComm_t out = nullptr;
-          ncclResult_t rc;
-          {
-            std::lock_guard<std::mutex> lock(parent->nccl_mu);
-            parent->watchdog.throw_if_broken(what);
-            cuda::DeviceGuard g(parent->device);
-            rc = ncclCommSplit(parent->comm,
-                               color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                               &out, &config);
-          }
-          rc = parent->settle(rc, deadline);
-          if (rc == ncclSuccess && out) rc = await(out, ncclInProgress, deadline);
-          if (rc != ncclSuccess) {
-            if (out) ncclCommAbort(out);
-            const Error e =
-                rc == ncclInProgress
-                    ? Error(ErrorCode::kTimeout,
-                            detail::cat(detail::rank_prefix(), what,
-                                        " did not complete within ",
-                                        timeout_s,
-                                        " s (TUTTI_TIMEOUT): a rank did not "
-                                        "take part"))
-                    : Error(ErrorCode::kNccl,
-                            detail::cat(detail::rank_prefix(), what,
-                                        " failed: ", result_text(rc, nullptr)));
-            // The parent's collective state is unknown now.
-            parent->watchdog.break_with(e, nullptr);
-            throw e;
-          }
-          if (out) {
-            auto impl = std::make_shared<NcclCommunicatorImpl>(
-                host_child, parent->device, name);
-            impl->comm = out;  // owned (and finalised) by impl from here
-            TUTTI_NCCL_CHECK(ncclCommUserRank(out, &impl->rank));
-            TUTTI_NCCL_CHECK(ncclCommCount(out, &impl->size));
-            child.reset(new NcclCommunicator(impl));
-          }
-        } catch (...) {
-          err = std::current_exception();
-        }
-        std::lock_guard<std::mutex> lock(mu);
-        finished = true;
-        cv.notify_all();
-      },
-      true);
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return finished; });
-  if (err) std::rethrow_exception(err);
+  parent->engine.run_and_wait([&] {
+      const std::string what = detail::cat(
+          "ncclCommSplit (color ", color, ", key ", key, ") of '",
+          parent->name, "' into '", name, "'");
+      parent->watchdog.throw_if_broken(what);
+      const double timeout_s = parent->settings.get().timeout_s;
+      const mpi::Deadline deadline(timeout_s);
+      ncclConfig_t config = nonblocking_config();
+      ncclComm_t out = nullptr;
+      ncclResult_t rc;
+      {
+        std::lock_guard<std::mutex> lock(parent->nccl_mu);
+        parent->watchdog.throw_if_broken(what);
+        cuda::DeviceGuard g(parent->device);
+        rc = ncclCommSplit(parent->comm,
+                           color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                           &out, &config);
+      }
+      rc = parent->settle(rc, deadline);
+      if (rc == ncclSuccess && out) rc = await(out, ncclInProgress, deadline);
+      if (rc != ncclSuccess) {
+        if (out) TUTTI_NCCL_WARN(ncclCommAbort(out), what);
+        const Error e =
+            rc == ncclInProgress
+                ? Error(ErrorCode::kTimeout,
+                        detail::cat(detail::rank_prefix(), what,
+                                    " did not complete within ",
+                                    timeout_s,
+                                    " s (TUTTI_TIMEOUT): a rank did not "
+                                    "take part"))
+                : Error(ErrorCode::kNccl,
+                        detail::cat(detail::rank_prefix(), what,
+                                    " failed: ", result_text(rc, nullptr)));
+        // The parent's collective state is unknown now.
+        parent->watchdog.break_with(e, nullptr);
+        throw e;
+      }
+      if (out) {
+        auto impl = std::make_shared<NcclCommunicatorImpl>(
+            host_child, parent->device, name);
+        impl->comm = out;  // owned (and finalised) by impl from here
+        TUTTI_NCCL_CHECK(ncclCommUserRank(out, &impl->rank), what);
+        TUTTI_NCCL_CHECK(ncclCommCount(out, &impl->size), what);
+        child.reset(new NcclCommunicator(impl));
+      }
+  });
   return child;
 }
 

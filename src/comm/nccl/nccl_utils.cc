@@ -1,10 +1,8 @@
 #include "comm/nccl/nccl_utils.h"
 
 #if TUTTI_WITH_NCCL
-#include <sched.h>
-
-#include <chrono>
-#include <thread>
+#include "comm/backoff.h"
+#include "tutti/log.h"
 
 namespace tutti {
 namespace nccl {
@@ -14,6 +12,12 @@ std::string result_text(ncclResult_t r, ncclComm_t comm) {
   const char* last = ncclGetLastError(comm);
   if (last && *last) s += detail::cat(" (", last, ")");
   return s;
+}
+
+bool nccl_ok(ncclResult_t r, const char* expr, const std::string& context) {
+  if (r == ncclSuccess) return true;
+  TUTTI_LOG(kWarn) << detail::call_failed(expr, context, result_text(r, nullptr));
+  return false;
 }
 
 ncclDataType_t nccl_type(DType d) {
@@ -56,13 +60,13 @@ ncclResult_t await(ncclComm_t comm, ncclResult_t rc,
 
 ncclResult_t await(const std::function<ncclResult_t(ncclResult_t*)>& query,
                    ncclResult_t rc, const mpi::Deadline& deadline) {
-  for (uint64_t i = 0; rc == ncclInProgress; ++i) {
-    if (deadline.expired()) return ncclInProgress;
-    // Enqueues finish within microseconds; init and split take longer.
-    if (i < 64)
-      sched_yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  // Enqueues settle within microseconds (the spinning polls); init and
+  // split wait for every rank, and back off to sleeps like the MPI waits.
+  comm::Backoff backoff(comm::wait_sleep_cap_us());
+  while (rc == ncclInProgress) {
+    const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
+    if (step.check_clock && deadline.expired()) return ncclInProgress;
+    comm::Backoff::pause(step);
     ncclResult_t state = ncclSuccess;
     const ncclResult_t q = query(&state);
     if (q != ncclSuccess) return q;

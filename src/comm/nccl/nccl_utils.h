@@ -13,19 +13,32 @@
 #include "core/check.h"
 #include "tutti/comm.h"
 
-#define TUTTI_NCCL_CHECK(expr)                                              \
+// The check for NCCL calls that must succeed outright (not the enqueues on
+// a non-blocking communicator, whose ncclInProgress the caller settles).
+// The optional arguments are the context (the op, the communicator, the
+// peer), concatenated.  Throws Error(kNccl) "rank R: <context>: ncclXxx
+// failed: <NCCL's text>" (detail::call_failed, as TUTTI_MPI_CHECK).
+#define TUTTI_NCCL_CHECK(expr, ...)                                         \
   do {                                                                      \
-    ncclResult_t tutti_nr_ = (expr);                                        \
+    const ncclResult_t tutti_nr_ = (expr);                                  \
     if (tutti_nr_ != ncclSuccess)                                           \
-      TUTTI_THROW(kNccl, #expr, " failed: ",                                \
-                  ::tutti::nccl::result_text(tutti_nr_, nullptr));          \
+      TUTTI_THROW(kNccl, ::tutti::detail::call_failed(                      \
+                             #expr, ::tutti::detail::cat(__VA_ARGS__),      \
+                             ::tutti::nccl::result_text(tutti_nr_, nullptr))); \
   } while (0)
+
+// The same where throwing is wrong (close, destructors, an abort while
+// another error is raised): logs at WARN; evaluates to true on success.
+#define TUTTI_NCCL_WARN(expr, ...) \
+  ::tutti::nccl::nccl_ok((expr), #expr, ::tutti::detail::cat(__VA_ARGS__))
 
 namespace tutti {
 namespace nccl {
 
 // "unhandled system error (<NCCL's last error text>)".
 std::string result_text(ncclResult_t r, ncclComm_t comm);
+// TUTTI_NCCL_WARN's body: true for ncclSuccess, else logs and returns false.
+bool nccl_ok(ncclResult_t r, const char* expr, const std::string& context);
 ncclDataType_t nccl_type(DType d);
 ncclRedOp_t nccl_op(ReduceOp op);
 
@@ -50,7 +63,11 @@ class GroupGuard {
  public:
   GroupGuard() : start_(ncclGroupStart()), open_(start_ == ncclSuccess) {}
   ~GroupGuard() {
-    if (open_) ncclGroupEnd();
+    if (!open_) return;
+    // ncclInProgress: the group was handed to a non-blocking communicator.
+    const ncclResult_t r = ncclGroupEnd();
+    if (r != ncclInProgress)
+      nccl_ok(r, "ncclGroupEnd", "closing an NCCL group after an error");
   }
   GroupGuard(const GroupGuard&) = delete;
   GroupGuard& operator=(const GroupGuard&) = delete;

@@ -1,0 +1,53 @@
+#include "comm/backoff.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "tutti/config.h"
+
+namespace tutti {
+namespace comm {
+
+Backoff::Step Backoff::next(Clock::time_point now) {
+  const uint64_t i = polls_++;
+  if (i < static_cast<uint64_t>(kSpinPolls)) return {Kind::kSpin, 0, false};
+  if (i == static_cast<uint64_t>(kSpinPolls))
+    yield_until_ = now + std::chrono::microseconds(kYieldUs);
+  if (cap_us_ <= 0 || now < yield_until_) {
+    // Yields are cheap: look at the clock only every 64th of them.
+    const bool check = ((i - kSpinPolls) & 63) == 63;
+    return {Kind::kYield, 0, check};
+  }
+  const int64_t us = std::min(cap_us_, sleep_us_);
+  sleep_us_ = std::min(cap_us_, sleep_us_ * 2);
+  return {Kind::kSleep, us, true};
+}
+
+void Backoff::pause(const Step& step) {
+  switch (step.kind) {
+    case Kind::kSpin:
+      return;
+    case Kind::kYield:
+      sched_yield();
+      return;
+    case Kind::kSleep:
+      std::this_thread::sleep_for(std::chrono::microseconds(step.sleep_us));
+      return;
+  }
+}
+
+int64_t wait_sleep_cap_us() {
+  thread_local uint64_t generation = ~uint64_t{0};
+  thread_local int64_t value = 1000;
+  const uint64_t g = config::generation();
+  if (g != generation) {
+    value = config::get_int("TUTTI_MPI_WAIT_SLEEP_US");
+    generation = g;
+  }
+  return value;
+}
+
+}  // namespace comm
+}  // namespace tutti

@@ -1,0 +1,232 @@
+// CPU units of the comm layer's plumbing (label comm, one rank):
+//  * ProgressEngine::run_and_wait, the one "run on the engine and wait"
+//    that splits (MPI and NCCL) and the NCCL bootstrap use: it runs after
+//    the work queued before it and rethrows what its function threw;
+//  * the checked-call macros: every MPI and NCCL call's failure becomes a
+//    tutti::Error naming the rank, the context (op, group, peer) and the
+//    call, and the non-throwing forms log and report instead;
+//  * comm::Backoff, the one waiting policy of the MPI waits and the NCCL
+//    host polls (issue 15: the NCCL side yielded without ever sleeping),
+//    on a fake clock.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/backoff.h"
+#include "comm/mpi/mpi_runtime.h"
+#include "comm/progress_engine.h"
+#include "core/check.h"
+#include "tutti/config.h"
+#if TUTTI_WITH_NCCL
+#include "comm/nccl/nccl_utils.h"
+#endif
+
+namespace tutti {
+namespace {
+
+void expect_contains(const std::string& s, const std::string& part) {
+  EXPECT_NE(s.find(part), std::string::npos)
+      << "'" << part << "' not in: " << s;
+}
+
+TEST(RunAndWait, RunsAfterTheWorkQueuedBeforeIt) {
+  comm::ProgressEngine engine("units");
+  std::mutex mu;
+  std::vector<int> order;
+  std::atomic<bool> release{false};
+  // An async task holds the engine until released: run_and_wait's function
+  // must queue behind it, not run on the caller's thread at once.
+  engine.submit(
+      [&] {
+        while (!release)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(1);
+      },
+      false);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(0);
+    }
+    release = true;
+  });
+  std::thread::id ran_on;
+  engine.run_and_wait([&] {
+    ran_on = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(2);
+  });
+  // Returned only once its function ran, after the queued task.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  }
+  EXPECT_NE(ran_on, std::this_thread::get_id()) << "ran on the engine's thread";
+  releaser.join();
+}
+
+TEST(RunAndWait, IdleEngineRunsItAtOnce) {
+  comm::ProgressEngine engine("units");
+  int ran = 0;
+  engine.run_and_wait([&] { ++ran; });
+  EXPECT_EQ(ran, 1);
+}
+
+TEST(RunAndWait, RethrowsWhatTheFunctionThrew) {
+  comm::ProgressEngine engine("units");
+  engine.submit(
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }, false);
+  try {
+    engine.run_and_wait(
+        [] { TUTTI_THROW(kMismatch, "split #4: ranks disagree"); });
+    ADD_FAILURE() << "nothing was thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kMismatch);
+    expect_contains(e.message(), "split #4: ranks disagree");
+  }
+  // The engine still runs later work.
+  int ran = 0;
+  engine.run_and_wait([&] { ++ran; });
+  EXPECT_EQ(ran, 1);
+}
+
+TEST(CallFailed, NamesContextCallAndText) {
+  EXPECT_EQ(
+      detail::call_failed("MPI_Iallreduce(s, o, n, dt, op, data_, &req)",
+                          "allreduce #3 on group 'world'", "MPI_ERR_COMM"),
+      "allreduce #3 on group 'world': MPI_Iallreduce failed: MPI_ERR_COMM");
+  EXPECT_EQ(detail::call_failed("ncclCommCount (out, &n)", "", "invalid usage"),
+            "ncclCommCount failed: invalid usage");
+}
+
+// Stand-ins for a failing and a succeeding library call.
+int failing_mpi_call(int) { return MPI_ERR_TRUNCATE; }
+int succeeding_mpi_call(int) { return MPI_SUCCESS; }
+
+TEST(MpiCheck, ThrowsKMpiWithRankContextAndMpiText) {
+  const comm::OpLabel desc("recv #2 from 1 tag 0 on group 'world'");
+  try {
+    TUTTI_MPI_CHECK(failing_mpi_call(3), desc, " (posting it)");
+    ADD_FAILURE() << "nothing was thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kMpi);
+    EXPECT_EQ(e.message(), detail::rank_prefix() +
+                               "recv #2 from 1 tag 0 on group 'world' "
+                               "(posting it): failing_mpi_call failed: " +
+                               mpi::error_string(MPI_ERR_TRUNCATE));
+    expect_contains(e.message(), "rank 0: ");
+  }
+  EXPECT_NO_THROW(TUTTI_MPI_CHECK(succeeding_mpi_call(1), desc));
+}
+
+TEST(MpiCheck, WarnFormReportsInsteadOfThrowing) {
+  bool ok = true;
+  EXPECT_NO_THROW(ok = TUTTI_MPI_WARN(failing_mpi_call(0), "closing 'g'"));
+  EXPECT_FALSE(ok);
+  EXPECT_TRUE(TUTTI_MPI_WARN(succeeding_mpi_call(0), "closing 'g'"));
+}
+
+#if TUTTI_WITH_NCCL
+ncclResult_t failing_nccl_call(int) { return ncclInvalidUsage; }
+
+TEST(NcclCheck, ThrowsKNcclWithContextAndNcclText) {
+  try {
+    TUTTI_NCCL_CHECK(failing_nccl_call(0), "NCCL communicator 'world-cuda0'");
+    ADD_FAILURE() << "nothing was thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNccl);
+    expect_contains(e.message(), detail::rank_prefix() +
+                                     "NCCL communicator 'world-cuda0': "
+                                     "failing_nccl_call failed: " +
+                                     ncclGetErrorString(ncclInvalidUsage));
+  }
+  bool ok = true;
+  EXPECT_NO_THROW(ok = TUTTI_NCCL_WARN(failing_nccl_call(0), "closing"));
+  EXPECT_FALSE(ok);
+}
+#endif
+
+using comm::Backoff;
+using us = std::chrono::microseconds;
+
+// Steps of a wait that never completes, the clock advancing `tick` per poll.
+std::vector<Backoff::Step> steps(int64_t cap_us, us tick, int n) {
+  Backoff b(cap_us);
+  auto now = Backoff::Clock::time_point{} + std::chrono::seconds(1);
+  std::vector<Backoff::Step> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(b.next(now));
+    now += tick + us(out.back().sleep_us);
+  }
+  return out;
+}
+
+TEST(Backoff, SpinsThenYieldsThenSleepsDoublingToTheCap) {
+  // 1 us per poll: 64 spins, 200 yields (until 200 us passed), then sleeps.
+  const auto s = steps(1000, us(1), 64 + 200 + 10);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(s[i].kind, Backoff::Kind::kSpin) << i;
+    EXPECT_FALSE(s[i].check_clock) << i;
+  }
+  int checks = 0;
+  for (int i = 64; i < 264; ++i) {
+    ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
+    checks += s[i].check_clock;
+  }
+  EXPECT_EQ(checks, 200 / 64);  // every 64th yield looks at the clock
+  const int64_t want[] = {20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000};
+  for (int k = 0; k < 10; ++k) {
+    EXPECT_EQ(s[264 + k].kind, Backoff::Kind::kSleep) << k;
+    EXPECT_EQ(s[264 + k].sleep_us, want[k]) << k;
+    EXPECT_TRUE(s[264 + k].check_clock) << k;
+  }
+}
+
+TEST(Backoff, CapZeroYieldsForever) {
+  const auto s = steps(0, us(50), 64 + 1000);
+  for (size_t i = 64; i < s.size(); ++i)
+    ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
+}
+
+TEST(Backoff, CapBelowTheFirstSleepIsTheSleep) {
+  const auto s = steps(5, us(100), 64 + 3 + 3);
+  // 100 us per poll: two yields see < 200 us, the rest sleep 5 us.
+  EXPECT_EQ(s[64].kind, Backoff::Kind::kYield);
+  EXPECT_EQ(s[65].kind, Backoff::Kind::kYield);
+  for (int i = 66; i < 70; ++i) {
+    EXPECT_EQ(s[i].kind, Backoff::Kind::kSleep) << i;
+    EXPECT_EQ(s[i].sleep_us, 5) << i;
+  }
+}
+
+TEST(Backoff, CapFollowsTheSettingAfterReload) {
+  setenv("TUTTI_MPI_WAIT_SLEEP_US", "250", 1);
+  config::reload();
+  EXPECT_EQ(comm::wait_sleep_cap_us(), 250);
+  unsetenv("TUTTI_MPI_WAIT_SLEEP_US");
+  config::reload();
+  EXPECT_EQ(comm::wait_sleep_cap_us(), 1000);
+}
+
+// A real wait of 30 ms under the policy sleeps for most of it: few polls
+// (a yielding wait polls tens of thousands of times).
+TEST(Backoff, LongWaitPollsRarely) {
+  Backoff b(1000);
+  const auto end = Backoff::Clock::now() + std::chrono::milliseconds(30);
+  int polls = 0;
+  while (Backoff::Clock::now() < end) {
+    ++polls;
+    b.next_and_pause();
+  }
+  EXPECT_LT(polls, 64 + 2000 + 60) << "the wait did not back off to sleeps";
+}
+
+}  // namespace
+}  // namespace tutti
