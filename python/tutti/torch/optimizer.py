@@ -5,9 +5,9 @@ import torch
 
 from .. import _C
 from ._grad_sync import GradSync
-from .compression import as_compressor
-from .mpi_ops import Average, _resolve_op
-from ._util import error
+from .compression import Compression, Compressor, as_compressor
+from .mpi_ops import Adasum, Average, _resolve_op, grouped_allreduce_
+from ._util import error, group_or_world
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -96,6 +96,67 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's Adasum optimizer: each rank applies the wrapped optimizer to
+    its own gradients, and the ranks combine the resulting parameter
+    *updates* (deltas) with Adasum, one dot product per parameter; every
+    rank then holds start + adasum(deltas).  Gradients themselves are never
+    reduced (synchronize() has nothing to wait for)."""
+
+    def __init__(self, params, compression, backward_passes_per_step, process_set, original):
+        super(self.__class__, self).__init__(params)
+        if original.state:
+            self.load_state_dict(original.state_dict())
+        if compression is not None and not (
+                isinstance(compression, Compressor) and compression.name in ("none", "fp16",
+                                                                             "bf16")):
+            raise error(_C.InvalidArgumentError,
+                        "DistributedOptimizer(op=Adasum): compression must be "
+                        f"Compression.none, fp16 or bf16 (a cast of the deltas), got {compression!r}")
+        self._compression = compression or Compression.none
+        self._process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self._should_synchronize = True
+
+    @property
+    def process_set(self):
+        return group_or_world(self._process_set, "DistributedOptimizer")
+
+    def set_backward_passes_per_step(self, passes):
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = passes
+
+    def synchronize(self):
+        """Nothing to wait for: with Adasum the deltas are combined in step()."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Accepted for Horovod compatibility (synchronize() is a no-op here)."""
+        yield
+
+    def step(self, closure=None):
+        """Local step, then the Adasum of every parameter's delta."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        with torch.no_grad():
+            starts = [p.detach().clone() for p in params]
+            super(self.__class__, self).step()
+            deltas, ctxs = [], []
+            for p, start in zip(params, starts):
+                delta, ctx = self._compression.compress(p.detach() - start)
+                deltas.append(delta)
+                ctxs.append(ctx)
+            grouped_allreduce_(deltas, name="DistributedOptimizer.adasum", op=Adasum,
+                               process_set=self._process_set)
+            for p, start, delta, ctx in zip(params, starts, deltas, ctxs):
+                p.copy_(start + self._compression.decompress(delta, ctx))
+        return loss
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
@@ -118,14 +179,28 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     then divide; f = size: divide first; see docs/data_parallel.md for which
     is more accurate).  Needs ``op=Average`` (ValueError otherwise, as in
     Horovod) and no compression (the cast compressors divide by the size
-    themselves; InvalidArgumentError).  ``op=Adasum`` raises
-    UnsupportedError.  Sparse gradients are not supported (``sparse_as_dense``
+    themselves; InvalidArgumentError).  ``op=Adasum`` (Horovod's): each
+    rank steps the wrapped optimizer on its own gradients and the parameter
+    updates are combined with Adasum in ``step()`` (no overlap with
+    backward; power-of-two sizes; compression none/fp16/bf16 only; see
+    docs/python.md for the learning rate).  Sparse gradients are not supported (``sparse_as_dense``
     is accepted: gradients are always dense here).
     ``gradient_as_bucket_view=True``: every ``.grad`` is a view into the
     reducer's fusion bucket (as torch DDP's option): no copy into the bucket
     and none back; ``zero_grad(set_to_none=True)`` works (the next backward
     copies the new gradient into the view once and re-points ``.grad``)."""
     op = _resolve_op(None, op)
+    if op is Adasum:
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("DistributedOptimizer: gradient_predivide_factor not supported "
+                             "with op=Adasum")
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1, got "
+                             f"{backward_passes_per_step}")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, compression, backward_passes_per_step,
+                   process_set, optimizer)
     if op not in (Average, _C.ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer: op must be Average or Sum, got {op}")
     if gradient_predivide_factor != 1.0 and op != Average:
