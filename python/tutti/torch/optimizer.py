@@ -10,13 +10,95 @@ from .mpi_ops import Adasum, Average, _resolve_op, grouped_allreduce_
 from ._util import error, group_or_world
 
 
+def _partition(named, groups):
+    """Horovod's ``groups=``: None/0 (no explicit groups), an int N (the
+    parameters, in order, split into N contiguous groups of near-equal
+    length), or a list of lists of parameters (parameters in no list form
+    one more group, bucketed as usual).  Returns a list of lists of
+    (name, parameter), or None without groups."""
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                          and groups == 0):
+        return None
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise ValueError(f"DistributedOptimizer: groups must be >= 0, got {groups}")
+        n = min(groups, len(named)) or 1
+        d, r = divmod(len(named), n)
+        bounds = [i * d + min(i, r) for i in range(n + 1)]
+        return [named[bounds[i]:bounds[i + 1]] for i in range(n) if bounds[i] < bounds[i + 1]]
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple))
+                                                         for g in groups):
+        raise ValueError("DistributedOptimizer: groups must be an int or a list of lists of "
+                         f"parameters, got {type(groups).__name__}")
+    by_id = {id(p): (n, p) for n, p in named}
+    placed, parts = {}, []
+    for k, group in enumerate(groups):
+        part = []
+        for p in group:
+            if id(p) not in by_id:
+                raise ValueError(f"DistributedOptimizer: groups[{k}] holds a tensor that is not "
+                                 "a parameter of the optimizer (or does not require grad)")
+            if id(p) in placed:
+                raise ValueError(f"DistributedOptimizer: parameter '{by_id[id(p)][0]}' is in "
+                                 f"groups[{placed[id(p)]}] and groups[{k}]")
+            placed[id(p)] = k
+            part.append(by_id[id(p)])
+        if part:
+            parts.append(part)
+    rest = [(n, p) for n, p in named if id(p) not in placed]
+    return parts + ([rest] if rest else [])
+
+
+class _GroupedSync:
+    """Horovod's ``groups=``: one GradSync per group, each on its own
+    communicator (a split of the group: the groups' reductions launch at
+    rank-dependent times and must not interleave on one communicator).  A
+    group's gradients of one dtype and device form one fusion bucket, reduced
+    together once all of them are ready; the parameters outside every listed
+    group are bucketed as usual."""
+
+    def __init__(self, parts, listed, process_set, bucket_cap_mb, compression, **args):
+        base = group_or_world(process_set, "DistributedOptimizer")
+        self.group = base
+        self.syncs = []
+        for k, part in enumerate(parts):
+            whole = k < listed  # a listed group: one bucket; the rest: as usual
+            comm = base.split(0, base.rank, f"{base.name}.grads{k}")
+            self.syncs.append(GradSync(
+                part, process_set=comm, compressor=as_compressor(compression),
+                bucket_cap_mb=1 << 20 if whole else bucket_cap_mb,
+                first_bucket_cap_mb=0 if whole else None,
+                name=f"DistributedOptimizer.group{k}", **args))
+        self.reducer = self.syncs[0].reducer
+        self.compressor = self.syncs[0].compressor
+
+    @property
+    def backward_passes_per_step(self):
+        return self.syncs[0].backward_passes_per_step
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes):
+        for s in self.syncs:
+            s.backward_passes_per_step = passes
+
+    @property
+    def pending(self):
+        return any(s.pending for s in self.syncs)
+
+    def synchronize(self):
+        reduced = False
+        for s in self.syncs:
+            reduced = s.synchronize() or reduced
+        return reduced
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class (so isinstance checks and the
     optimizer's own step() keep working)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  op, process_set, bucket_cap_mb, original, gradient_as_bucket_view,
-                 gradient_predivide_factor):
+                 gradient_predivide_factor, groups=None, sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
         if original.state:
             self.load_state_dict(original.state_dict())
@@ -39,12 +121,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             named = [(n, p) for n, p in named if id(p) in in_optimizer]
         else:
             named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
-        self._tutti = GradSync(named, process_set=process_set,
-                               compressor=as_compressor(compression), op=op,
-                               backward_passes_per_step=backward_passes_per_step,
-                               bucket_cap_mb=bucket_cap_mb, name="DistributedOptimizer",
-                               gradient_as_bucket_view=gradient_as_bucket_view,
-                               gradient_predivide_factor=gradient_predivide_factor)
+        args = dict(op=op, backward_passes_per_step=backward_passes_per_step,
+                    gradient_as_bucket_view=gradient_as_bucket_view,
+                    gradient_predivide_factor=gradient_predivide_factor,
+                    sparse_as_dense=sparse_as_dense)
+        parts = _partition([(n, p) for n, p in named if p.requires_grad], groups)
+        if parts is None:
+            self._tutti = GradSync(named, process_set=process_set,
+                                   compressor=as_compressor(compression),
+                                   bucket_cap_mb=bucket_cap_mb, name="DistributedOptimizer",
+                                   **args)
+        else:
+            if compression is not None and not (isinstance(compression, (str, Compressor))):
+                raise error(_C.InvalidArgumentError,
+                            "DistributedOptimizer(groups=...): compression must be a "
+                            "Compression.* choice or a name (each group gets its own "
+                            f"compressor), got {compression!r}")
+            listed = len(parts) if isinstance(groups, int) else sum(
+                1 for g in groups if len(g))
+            self._tutti = _GroupedSync(parts, listed, process_set, bucket_cap_mb,
+                                       compression, **args)
         self._should_synchronize = True
 
     @property
@@ -172,8 +268,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     onebit/auto`` (default None: the TUTTI_COMPRESSION setting, "none"
     unless set).  ``process_set``: a :class:`tutti.ProcessGroup` (e.g. the
     data-parallel group of a ProcessMesh).  ``bucket_cap_mb``: fusion bucket
-    size (default TUTTI_BUCKET_MB).  ``num_groups``/``groups`` are Horovod's
-    manual fusion hints; tutti's bucketing replaces them and ignores them.
+    size (default TUTTI_BUCKET_MB).  ``groups`` (Horovod's; ``num_groups``
+    its deprecated spelling): an int N splits the parameters in order into
+    N groups, a list of lists of parameters names the groups; each group's
+    gradients are reduced together (one fusion bucket per dtype and device,
+    on its own split communicator) once all of them are ready.
+    ``sparse_as_dense=True``: sparse gradients (``Embedding(sparse=True)``)
+    are densified and reduced; without it they raise UnsupportedError
+    naming the parameter.
     ``gradient_predivide_factor=f`` (Horovod's): each rank's gradients are
     divided by f before the sum and the sum by size / f after it (f = 1: sum,
     then divide; f = size: divide first; see docs/data_parallel.md for which
@@ -183,8 +285,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     rank steps the wrapped optimizer on its own gradients and the parameter
     updates are combined with Adasum in ``step()`` (no overlap with
     backward; power-of-two sizes; compression none/fp16/bf16 only; see
-    docs/python.md for the learning rate).  Sparse gradients are not supported (``sparse_as_dense``
-    is accepted: gradients are always dense here).
+    docs/python.md for the learning rate).
     ``gradient_as_bucket_view=True``: every ``.grad`` is a view into the
     reducer's fusion bucket (as torch DDP's option): no copy into the bucket
     and none back; ``zero_grad(set_to_none=True)`` works (the next backward
@@ -207,9 +308,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         raise ValueError("DistributedOptimizer: gradient_predivide_factor not supported "
                          f"with op != Average (got gradient_predivide_factor="
                          f"{gradient_predivide_factor})")
-    del num_groups, groups, sparse_as_dense
+    if num_groups and groups is None:  # Horovod's deprecated spelling
+        groups = num_groups
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, process_set, bucket_cap_mb, optimizer,
-               gradient_as_bucket_view, gradient_predivide_factor)
+               gradient_as_bucket_view, gradient_predivide_factor, groups, sparse_as_dense)
