@@ -155,13 +155,15 @@ void vhdd(Communicator& comm, T* buf, const std::vector<int64_t>& counts, const 
     held.emplace_back(off, cnt);
     exchange(comm, buf + send_off, send_cnt, recv.data(), keep_cnt, nbr, o);
     const T* theirs = recv.data() - keep_off;  // indexed by buffer position
+    const T* av = left ? buf : theirs;        // the lower rank's half: `a`
+    const T* bv = left ? theirs : buf;
     std::fill(dots.begin(), dots.end(), 0.0);
     if (keep_cnt > 0)
       each_tensor(keep_off, keep_cnt, [&](size_t t, int64_t lo, int64_t hi) {
         double ab = 0, aa = 0, bb = 0;
         for (int64_t i = lo; i < hi; ++i) {
-          const double a = left ? buf[i] : theirs[i];
-          const double b = left ? theirs[i] : buf[i];
+          const double a = av[i];
+          const double b = bv[i];
           ab += a * b;
           aa += a * a;
           bb += b * b;
@@ -182,11 +184,9 @@ void vhdd(Communicator& comm, T* buf, const std::vector<int64_t>& counts, const 
       each_tensor(keep_off, keep_cnt, [&](size_t t, int64_t lo, int64_t hi) {
         double ca = 1, cb = 1;
         adasum_coefficients(dots[3 * t], dots[3 * t + 1], dots[3 * t + 2], &ca, &cb);
-        for (int64_t i = lo; i < hi; ++i) {
-          const double a = left ? buf[i] : theirs[i];
-          const double b = left ? theirs[i] : buf[i];
-          buf[i] = static_cast<T>(ca * a + cb * b);
-        }
+        for (int64_t i = lo; i < hi; ++i)
+          buf[i] = static_cast<T>(ca * static_cast<double>(av[i]) +
+                                  cb * static_cast<double>(bv[i]));
       });
     off = keep_off;
     cnt = keep_cnt;
