@@ -208,7 +208,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                                                                              "bf16")):
             raise error(_C.InvalidArgumentError,
                         "DistributedOptimizer(op=Adasum): compression must be "
-                        f"Compression.none, fp16 or bf16 (a cast of the deltas), got {compression!r}")
+                        "Compression.none, fp16 or bf16 (a cast of the deltas), got "
+                        f"{compression!r}")
         self._compression = compression or Compression.none
         self._process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
