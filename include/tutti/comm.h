@@ -181,4 +181,18 @@ class TUTTI_API Communicator {
 
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
+// Adasum (Maleki et al., MLSys 2021): combines every rank's `tensors` in
+// place into the adaptive sum, Horovod's op=Adasum.  Pairs combine as
+//   adasum(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b
+// in a recursive-doubling tree (vector halving, distance doubling), with the
+// dot products taken per tensor.  Collective and blocking; the size must be
+// a power of two (Error(kInvalidArgument) naming it otherwise).  float32 and
+// float64 (float16/bfloat16 are combined in float32); dot products
+// accumulate in float64.  CUDA tensors are staged through host memory,
+// ordered on OpOptions::stream.  Ranks must pass the same number of tensors
+// with the same element counts and dtype (Error(kMismatch) otherwise).
+// docs/communication.md has the details.
+TUTTI_API void adasum_allreduce(Communicator& comm, const std::vector<Tensor>& tensors,
+                                const OpOptions& options = {});
+
 }  // namespace tutti

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "comm/adasum.h"
 #include "dlpack_tensor.h"
 #include "tutti/tutti.h"
 
@@ -219,6 +220,27 @@ void bind_comm(pyb::module_& m) {
            pyb::arg("name") = "", pyb::arg("async_op") = false,
            pyb::arg("stream") = 0, pyb::arg("timeout") = 0.0,
            "Reduce `input` (size x output) and scatter block r to rank r.")
+      .def("adasum_allreduce",
+           [](ProcessGroup& g, pyb::handle tensors, std::string name, int64_t stream,
+              double timeout) {
+             const OpOptions o = options(name, stream, timeout);
+             std::vector<PyTensor> imported;
+             try {
+               imported = import_tensors(tensors, "tensors", stream);
+             } catch (const Error&) {
+               pyb::gil_scoped_release nogil;
+               comm::adasum_reject(g, o);
+               throw;
+             }
+             const std::vector<Tensor> ts = views(imported);
+             pyb::gil_scoped_release nogil;
+             adasum_allreduce(g, ts, o);
+           },
+           pyb::arg("tensors"), pyb::arg("name") = "", pyb::arg("stream") = 0,
+           pyb::arg("timeout") = 0.0,
+           "Adasum (Maleki et al., MLSys 2021) of a list of float tensors, in "
+           "place, with per-tensor dot products; blocking.  The group size must "
+           "be a power of two.")
       .def("barrier",
            [](ProcessGroup& g, bool async_op, double timeout) {
              return run(g, CollectiveKind::kBarrier, async_op, [&](Call& c) {

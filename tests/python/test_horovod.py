@@ -102,8 +102,6 @@ def test_named_parameters_checks():
         hvd.DistributedOptimizer(opt, named_parameters=[("w", model.weight)])
     with pytest.raises(ValueError, match="unique"):
         hvd.DistributedOptimizer(opt, named_parameters=[("w", model.weight), ("w", model.bias)])
-    with pytest.raises(tutti.UnsupportedError):
-        hvd.DistributedOptimizer(opt, op=hvd.Adasum)
 
 
 @pytest.mark.parametrize("factor", [1.0, 2.0, "size"])

@@ -72,9 +72,9 @@ def test_errors_name_the_python_call(rank):
     assert lines[-1] == "local 1 False False ''", out
 
 
-def test_adasum_and_bool_average_refused(rank, size):
-    with pytest.raises(tutti.UnsupportedError, match=r"hvd\.allreduce\(\): op=Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+def test_adasum_reducescatter_and_bool_average_refused(rank, size):
+    with pytest.raises(tutti.UnsupportedError, match=r"hvd\.reducescatter\(\): op=Adasum"):
+        hvd.reducescatter(torch.ones(2 * size), op=hvd.Adasum)
     with pytest.raises(tutti.InvalidArgumentError, match="bool tensor"):
         hvd.allreduce(torch.ones(2, dtype=torch.bool))  # Average
 

@@ -59,8 +59,6 @@ def test_allreduce_scaling_compression_and_async(rank, size):
         assert torch.equal(got, sum(per_rank(r + k) for r in range(size)))
     h = hvd.allreduce_async(x, op=hvd.Max)
     assert torch.equal(hvd.synchronize(h), per_rank(size - 1))
-    with pytest.raises(tutti.UnsupportedError, match="Adasum"):
-        hvd.allreduce(x, op=hvd.Adasum)
     with pytest.raises(ValueError, match="DistributedOptimizer"):
         hvd.allreduce(x, compression=hvd.Compression.topk)
 

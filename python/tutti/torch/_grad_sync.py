@@ -26,6 +26,11 @@ One GradSync serves DistributedOptimizer (the reduction is waited for in
   graph of each forward's output and the reducer fills the unreachable
   parameters' slots as the backward pass starts; ``static_graph`` lets the
   reducer reuse the first step's unused set without a search.
+* Sparse gradients (``torch.nn.Embedding(sparse=True)``): with
+  ``sparse_as_dense=True`` autograd adds them into the registered dense
+  ``.grad`` (a fresh sparse ``.grad`` after ``set_to_none`` is densified into
+  it); without it a tensor hook raises UnsupportedError naming the parameter
+  before anything accumulates.
 * Accumulation (Horovod's ``backward_passes_per_step``, DDP's ``no_sync()``)
   runs passes inside ``reducer.no_sync()``: no communication.  The pass that
   completes a step reduces; a step that ends with fewer passes reduces what
@@ -52,7 +57,8 @@ class GradSync:
                  op=_C.ReduceOp.AVG, backward_passes_per_step=1, bucket_cap_mb=None,
                  name="dp", sync_in_backward=False, find_unused_parameters=False,
                  static_graph=False, gradient_as_bucket_view=False,
-                 gradient_predivide_factor=1.0):
+                 gradient_predivide_factor=1.0, first_bucket_cap_mb=None,
+                 sparse_as_dense=False):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self.group = group_or_world(process_set)
@@ -66,23 +72,27 @@ class GradSync:
         self.names = [n for n, _ in entries]
         self.params = [p for _, p in entries]
         self.as_view = gradient_as_bucket_view
+        self.sparse_as_dense = sparse_as_dense
         seeds = []
         for pname, p in entries:
-            if p.is_sparse or (p.grad is not None and p.grad.is_sparse):
-                raise error(_C.UnsupportedError, f"parameter '{pname}': sparse gradients "
-                            "are not supported (use dense embeddings)")
+            if p.is_sparse:
+                raise error(_C.UnsupportedError, f"parameter '{pname}' is a sparse tensor; "
+                            "only dense parameters (with dense or sparse gradients) are "
+                            "supported")
             if self.as_view:  # the bucket is the gradient; an existing one seeds it
-                seeds.append(None if p.grad is None else p.grad.contiguous())
+                seeds.append(None if p.grad is None else
+                             self._dense(pname, p.grad).contiguous())
                 continue
             buf = torch.zeros_like(p, memory_format=torch.contiguous_format)
             if p.grad is not None:
-                buf.copy_(p.grad)
+                buf.copy_(self._dense(pname, p.grad))
             p.grad = buf
             seeds.append(buf)
         self.reducer = _C.Reducer(self.group, bucket_cap_mb=bucket_cap_mb, op=op,
                                   compressor=compressor, name=name,
                                   find_unused_parameters=find_unused_parameters,
                                   static_graph=static_graph,
+                                  first_bucket_cap_mb=first_bucket_cap_mb,
                                   gradient_as_bucket_view=gradient_as_bucket_view,
                                   gradient_predivide_factor=gradient_predivide_factor)
         # The compressor in use (None: plain all-reduce); a Stateful whose
@@ -99,6 +109,9 @@ class GradSync:
         self._keep = []
         for i, p in enumerate(self.params):
             self._keep.append(_post_accumulate_hook(p, lambda i=i: self._on_grad(i)))
+            if not sparse_as_dense:  # refuse sparse gradients before they accumulate
+                self._keep.append((p.register_hook(
+                    lambda g, n=self.names[i]: self._dense(n, g) if g.is_sparse else None),))
         self._in_pass = False
         self._reducing = False
         self._guard = None
@@ -116,11 +129,26 @@ class GradSync:
 
     # ---- the autograd side ------------------------------------------------------
 
+    def _dense(self, pname, g):
+        """A sparse gradient (torch.nn.Embedding(sparse=True)) densified with
+        sparse_as_dense=True, else UnsupportedError naming the parameter."""
+        if not g.is_sparse:
+            return g
+        if not self.sparse_as_dense:
+            raise error(_C.UnsupportedError,
+                        f"parameter '{pname}' has a sparse gradient: pass "
+                        "DistributedOptimizer(..., sparse_as_dense=True) to reduce it as a "
+                        "dense tensor (tutti does not allgather sparse gradients)")
+        return g.to_dense()
+
     def _on_grad(self, i):
         if not self._in_pass:
             self._begin_pass()
         p, buf = self.params[i], self.grads[i]
         g = p.grad
+        if g is not buf and g.is_sparse:  # sparse_as_dense after set_to_none
+            buf.copy_(self._dense(self.names[i], g))
+            p.grad = g = buf
         if g is not buf:
             if g.data_ptr() != buf.data_ptr() or g.shape != buf.shape:
                 buf.copy_(g)

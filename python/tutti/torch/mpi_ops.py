@@ -26,8 +26,11 @@ class _AdasumOp:
         return "Adasum"
 
 
-#: Horovod's Adasum reduction.  Not implemented by tutti: using it raises
-#: UnsupportedError.
+#: Horovod's Adasum reduction (Maleki et al., MLSys 2021), run by tutti's C++
+#: ``adasum_allreduce``: pairs combine as (1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b
+#: in a recursive-doubling tree, with dot products per tensor.  Power-of-two
+#: group sizes only; float tensors.  Blocking: ``*_async`` with Adasum runs
+#: the reduction before returning a completed handle.  docs/python.md.
 Adasum = _AdasumOp()
 
 
@@ -36,9 +39,33 @@ def _resolve_op(average, op, call="hvd.allreduce()"):
         raise ValueError(f"{call}: pass either op= or the deprecated average=, not both")
     if op is None:
         op = Average if average is None or average else Sum
-    if op is Adasum:
-        raise error(_C.UnsupportedError, f"{call}: op=Adasum is not supported by tutti")
     return op
+
+
+def _no_adasum(op, call):
+    if op is Adasum:
+        raise error(_C.UnsupportedError,
+                    f"{call}: op=Adasum is an all-reduce; use hvd.allreduce() or "
+                    "hvd.grouped_allreduce()")
+    return op
+
+
+class _Done:
+    """The work of an operation that completed before its handle was made."""
+
+    def wait(self):
+        pass
+
+    def test(self):
+        return True
+
+
+def _adasum_(tensors, name, process_set, call):
+    """Adasum of the tensors (exported, contiguous, one dtype and device) in
+    place, with one dot product per tensor."""
+    g = group_or_world(process_set, call)
+    if tensors:
+        g.adasum_allreduce(tensors, name=name or "", stream=stream_of(tensors[0]))
 
 
 class Handle:
@@ -110,6 +137,12 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = _resolve_op(average, op, "hvd.allreduce_async_()")
     _scale_(tensor, prescale_factor)
     src = export(tensor)
+    if op is Adasum:
+        if not src.is_contiguous():
+            raise error(_C.InvalidArgumentError,
+                        "hvd.allreduce_async_(): op=Adasum needs a contiguous tensor")
+        _adasum_([src], name, process_set, "hvd.allreduce_async_()")
+        return Handle(_Done(), _scale_(tensor, postscale_factor))
     work, finish = _allreduce_start(src, src, op, name, process_set, "hvd.allreduce_async_()")
     return Handle(work, tensor, lambda t: _scale_(finish(t), postscale_factor))
 
@@ -129,6 +162,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     src = export(tensor).contiguous()
     if prescale_factor != 1.0:
         src = src * prescale_factor
+    if op is Adasum:
+        out = src.clone(memory_format=torch.contiguous_format)
+        _adasum_([out], name, process_set, "hvd.allreduce_async()")
+        return Handle(_Done(), _scale_(out, postscale_factor))
     out = torch.empty_like(src, memory_format=torch.contiguous_format)
     work, finish = _allreduce_start(src, out, op, name, process_set, "hvd.allreduce_async()")
     return Handle(work, out, lambda t: _scale_(finish(t), postscale_factor))
@@ -365,7 +402,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter (see reducescatter); ``synchronize(handle)``
     returns this rank's block."""
-    op = _resolve_op(None, op, "hvd.reducescatter()")
+    op = _no_adasum(_resolve_op(None, op, "hvd.reducescatter()"), "hvd.reducescatter()")
     work, out, finish = _reducescatter_start(tensor, name, op, process_set, prescale_factor,
                                              "hvd.reducescatter()")
     return Handle(work, out, lambda t: _scale_(finish(t), postscale_factor))
@@ -413,6 +450,18 @@ def _grouped_allreduce_start(tensors, op, name, pre, post, process_set, in_place
         buckets.setdefault((t.dtype, t.device), []).append(k)
     results = [None] * len(tensors)
     parts = []
+    if op is Adasum:  # one call per (dtype, device), one dot product per tensor
+        for b, idx in enumerate(buckets.values()):
+            work = [_scale_(export(tensors[k]).clone(memory_format=torch.contiguous_format),
+                            pre) for k in idx]
+            _adasum_(work, f"{name or 'grouped_allreduce'}.{b}", process_set, call)
+            for k, w in zip(idx, work):
+                _scale_(w, post)
+                if in_place:
+                    with torch.no_grad():
+                        tensors[k].copy_(w)
+                results[k] = tensors[k] if in_place else w
+        return GroupHandle([], lambda _: list(results))
     for b, idx in enumerate(buckets.values()):
         flat = torch.cat([export(tensors[k]).reshape(-1) for k in idx])
         _scale_(flat, pre)
@@ -499,7 +548,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None
     """Starts a reducescatter of every tensor of the list; ``synchronize``
     returns the list of this rank's blocks."""
     call = "hvd.grouped_reducescatter()"
-    op = _resolve_op(None, op, call)
+    op = _no_adasum(_resolve_op(None, op, call), call)
     parts = []
     for k, t in enumerate(tensors):
         work, out, finish = _reducescatter_start(

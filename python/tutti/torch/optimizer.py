@@ -5,9 +5,91 @@ import torch
 
 from .. import _C
 from ._grad_sync import GradSync
-from .compression import as_compressor
-from .mpi_ops import Average, _resolve_op
-from ._util import error
+from .compression import Compression, Compressor, as_compressor
+from .mpi_ops import Adasum, Average, _resolve_op, grouped_allreduce_
+from ._util import error, group_or_world
+
+
+def _partition(named, groups):
+    """Horovod's ``groups=``: None/0 (no explicit groups), an int N (the
+    parameters, in order, split into N contiguous groups of near-equal
+    length), or a list of lists of parameters (parameters in no list form
+    one more group, bucketed as usual).  Returns a list of lists of
+    (name, parameter), or None without groups."""
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                          and groups == 0):
+        return None
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise ValueError(f"DistributedOptimizer: groups must be >= 0, got {groups}")
+        n = min(groups, len(named)) or 1
+        d, r = divmod(len(named), n)
+        bounds = [i * d + min(i, r) for i in range(n + 1)]
+        return [named[bounds[i]:bounds[i + 1]] for i in range(n) if bounds[i] < bounds[i + 1]]
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple))
+                                                         for g in groups):
+        raise ValueError("DistributedOptimizer: groups must be an int or a list of lists of "
+                         f"parameters, got {type(groups).__name__}")
+    by_id = {id(p): (n, p) for n, p in named}
+    placed, parts = {}, []
+    for k, group in enumerate(groups):
+        part = []
+        for p in group:
+            if id(p) not in by_id:
+                raise ValueError(f"DistributedOptimizer: groups[{k}] holds a tensor that is not "
+                                 "a parameter of the optimizer (or does not require grad)")
+            if id(p) in placed:
+                raise ValueError(f"DistributedOptimizer: parameter '{by_id[id(p)][0]}' is in "
+                                 f"groups[{placed[id(p)]}] and groups[{k}]")
+            placed[id(p)] = k
+            part.append(by_id[id(p)])
+        if part:
+            parts.append(part)
+    rest = [(n, p) for n, p in named if id(p) not in placed]
+    return parts + ([rest] if rest else [])
+
+
+class _GroupedSync:
+    """Horovod's ``groups=``: one GradSync per group, each on its own
+    communicator (a split of the group: the groups' reductions launch at
+    rank-dependent times and must not interleave on one communicator).  A
+    group's gradients of one dtype and device form one fusion bucket, reduced
+    together once all of them are ready; the parameters outside every listed
+    group are bucketed as usual."""
+
+    def __init__(self, parts, listed, process_set, bucket_cap_mb, compression, **args):
+        base = group_or_world(process_set, "DistributedOptimizer")
+        self.group = base
+        self.syncs = []
+        for k, part in enumerate(parts):
+            whole = k < listed  # a listed group: one bucket; the rest: as usual
+            comm = base.split(0, base.rank, f"{base.name}.grads{k}")
+            self.syncs.append(GradSync(
+                part, process_set=comm, compressor=as_compressor(compression),
+                bucket_cap_mb=1 << 20 if whole else bucket_cap_mb,
+                first_bucket_cap_mb=0 if whole else None,
+                name=f"DistributedOptimizer.group{k}", **args))
+        self.reducer = self.syncs[0].reducer
+        self.compressor = self.syncs[0].compressor
+
+    @property
+    def backward_passes_per_step(self):
+        return self.syncs[0].backward_passes_per_step
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes):
+        for s in self.syncs:
+            s.backward_passes_per_step = passes
+
+    @property
+    def pending(self):
+        return any(s.pending for s in self.syncs)
+
+    def synchronize(self):
+        reduced = False
+        for s in self.syncs:
+            reduced = s.synchronize() or reduced
+        return reduced
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -16,7 +98,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  op, process_set, bucket_cap_mb, original, gradient_as_bucket_view,
-                 gradient_predivide_factor):
+                 gradient_predivide_factor, groups=None, sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
         if original.state:
             self.load_state_dict(original.state_dict())
@@ -39,12 +121,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             named = [(n, p) for n, p in named if id(p) in in_optimizer]
         else:
             named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
-        self._tutti = GradSync(named, process_set=process_set,
-                               compressor=as_compressor(compression), op=op,
-                               backward_passes_per_step=backward_passes_per_step,
-                               bucket_cap_mb=bucket_cap_mb, name="DistributedOptimizer",
-                               gradient_as_bucket_view=gradient_as_bucket_view,
-                               gradient_predivide_factor=gradient_predivide_factor)
+        args = dict(op=op, backward_passes_per_step=backward_passes_per_step,
+                    gradient_as_bucket_view=gradient_as_bucket_view,
+                    gradient_predivide_factor=gradient_predivide_factor,
+                    sparse_as_dense=sparse_as_dense)
+        parts = _partition([(n, p) for n, p in named if p.requires_grad], groups)
+        if parts is None:
+            self._tutti = GradSync(named, process_set=process_set,
+                                   compressor=as_compressor(compression),
+                                   bucket_cap_mb=bucket_cap_mb, name="DistributedOptimizer",
+                                   **args)
+        else:
+            if compression is not None and not (isinstance(compression, (str, Compressor))):
+                raise error(_C.InvalidArgumentError,
+                            "DistributedOptimizer(groups=...): compression must be a "
+                            "Compression.* choice or a name (each group gets its own "
+                            f"compressor), got {compression!r}")
+            listed = len(parts) if isinstance(groups, int) else sum(
+                1 for g in groups if len(g))
+            self._tutti = _GroupedSync(parts, listed, process_set, bucket_cap_mb,
+                                       compression, **args)
         self._should_synchronize = True
 
     @property
@@ -96,6 +192,68 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's Adasum optimizer: each rank applies the wrapped optimizer to
+    its own gradients, and the ranks combine the resulting parameter
+    *updates* (deltas) with Adasum, one dot product per parameter; every
+    rank then holds start + adasum(deltas).  Gradients themselves are never
+    reduced (synchronize() has nothing to wait for)."""
+
+    def __init__(self, params, compression, backward_passes_per_step, process_set, original):
+        super(self.__class__, self).__init__(params)
+        if original.state:
+            self.load_state_dict(original.state_dict())
+        if compression is not None and not (
+                isinstance(compression, Compressor) and compression.name in ("none", "fp16",
+                                                                             "bf16")):
+            raise error(_C.InvalidArgumentError,
+                        "DistributedOptimizer(op=Adasum): compression must be "
+                        "Compression.none, fp16 or bf16 (a cast of the deltas), got "
+                        f"{compression!r}")
+        self._compression = compression or Compression.none
+        self._process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self._should_synchronize = True
+
+    @property
+    def process_set(self):
+        return group_or_world(self._process_set, "DistributedOptimizer")
+
+    def set_backward_passes_per_step(self, passes):
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = passes
+
+    def synchronize(self):
+        """Nothing to wait for: with Adasum the deltas are combined in step()."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Accepted for Horovod compatibility (synchronize() is a no-op here)."""
+        yield
+
+    def step(self, closure=None):
+        """Local step, then the Adasum of every parameter's delta."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        with torch.no_grad():
+            starts = [p.detach().clone() for p in params]
+            super(self.__class__, self).step()
+            deltas, ctxs = [], []
+            for p, start in zip(params, starts):
+                delta, ctx = self._compression.compress(p.detach() - start)
+                deltas.append(delta)
+                ctxs.append(ctx)
+            grouped_allreduce_(deltas, name="DistributedOptimizer.adasum", op=Adasum,
+                               process_set=self._process_set)
+            for p, start, delta, ctx in zip(params, starts, deltas, ctxs):
+                p.copy_(start + self._compression.decompress(delta, ctx))
+        return loss
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
@@ -111,16 +269,24 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     onebit/auto`` (default None: the TUTTI_COMPRESSION setting, "none"
     unless set).  ``process_set``: a :class:`tutti.ProcessGroup` (e.g. the
     data-parallel group of a ProcessMesh).  ``bucket_cap_mb``: fusion bucket
-    size (default TUTTI_BUCKET_MB).  ``num_groups``/``groups`` are Horovod's
-    manual fusion hints; tutti's bucketing replaces them and ignores them.
+    size (default TUTTI_BUCKET_MB).  ``groups`` (Horovod's; ``num_groups``
+    its deprecated spelling): an int N splits the parameters in order into
+    N groups, a list of lists of parameters names the groups; each group's
+    gradients are reduced together (one fusion bucket per dtype and device,
+    on its own split communicator) once all of them are ready.
+    ``sparse_as_dense=True``: sparse gradients (``Embedding(sparse=True)``)
+    are densified and reduced; without it they raise UnsupportedError
+    naming the parameter.
     ``gradient_predivide_factor=f`` (Horovod's): each rank's gradients are
     divided by f before the sum and the sum by size / f after it (f = 1: sum,
     then divide; f = size: divide first; see docs/data_parallel.md for which
     is more accurate).  Needs ``op=Average`` (ValueError otherwise, as in
     Horovod) and no compression (the cast compressors divide by the size
-    themselves; InvalidArgumentError).  ``op=Adasum`` raises
-    UnsupportedError.  Sparse gradients are not supported (``sparse_as_dense``
-    is accepted: gradients are always dense here).
+    themselves; InvalidArgumentError).  ``op=Adasum`` (Horovod's): each
+    rank steps the wrapped optimizer on its own gradients and the parameter
+    updates are combined with Adasum in ``step()`` (no overlap with
+    backward; power-of-two sizes; compression none/fp16/bf16 only; see
+    docs/python.md for the learning rate).
     ``gradient_as_bucket_view=True``: every ``.grad`` is a view into the
     reducer's fusion bucket (as torch DDP's option): no copy into the bucket
     and none back; ``zero_grad(set_to_none=True)`` works (the next backward
@@ -129,13 +295,28 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     keeps state for and steps only its partition of the parameters, which
     are then broadcast from their owners."""
     op = _resolve_op(None, op)
+    if op is Adasum:
+        if shard_optimizer_state:
+            raise ValueError("DistributedOptimizer: shard_optimizer_state not supported "
+                             "with op=Adasum")
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("DistributedOptimizer: gradient_predivide_factor not supported "
+                             "with op=Adasum")
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1, got "
+                             f"{backward_passes_per_step}")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, compression, backward_passes_per_step,
+                   process_set, optimizer)
     if op not in (Average, _C.ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer: op must be Average or Sum, got {op}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("DistributedOptimizer: gradient_predivide_factor not supported "
                          f"with op != Average (got gradient_predivide_factor="
                          f"{gradient_predivide_factor})")
-    del num_groups, groups, sparse_as_dense
+    if num_groups and groups is None:  # Horovod's deprecated spelling
+        groups = num_groups
     base = optimizer.__class__
     if shard_optimizer_state:
         from .zero import shard_distributed_optimizer_base
@@ -143,4 +324,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     cls = type(optimizer.__class__.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, process_set, bucket_cap_mb, optimizer,
-               gradient_as_bucket_view, gradient_predivide_factor)
+               gradient_as_bucket_view, gradient_predivide_factor, groups, sparse_as_dense)
