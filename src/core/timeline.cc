@@ -77,7 +77,8 @@ class Recorder {
     TUTTI_ARG_CHECK(!path.empty(), "timeline::start(): empty path");
     rank_ = runtime_world_rank() < 0 ? 0 : runtime_world_rank();
     const int size = runtime_world_size() < 0 ? 1 : runtime_world_size();
-    const std::string name = resolve(path, rank_);
+    const int64_t restarts = config::get_int("TUTTI_RESTART_COUNT");
+    const std::string name = resolve(path, rank_, restarts);
     FILE* f = std::fopen(name.c_str(), "w");
     if (!f)
       TUTTI_THROW(kIo, "rank ", rank_, ": cannot create the timeline file '", name,
@@ -108,7 +109,6 @@ class Recorder {
     std::fputs("[\n", out_);
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
-    const int64_t restarts = config::get_int("TUTTI_RESTART_COUNT");
     // The writer thread is not running yet: write the header directly.
     std::string pname = "rank " + std::to_string(rank_);
     if (restarts > 0) pname += " (restart " + std::to_string(restarts) + ")";
@@ -213,15 +213,20 @@ class Recorder {
   int64_t anchor_ = 0;
 
  private:
-  static std::string resolve(const std::string& path, int rank) {
+  // "<path>.rank<R>.json" or "<path>/rank<R>.json"; a job that tutti-run
+  // restarted writes "...rank<R>.restart<K>.json", beside the earlier runs'.
+  static std::string resolve(const std::string& path, int rank, int64_t restarts) {
     struct stat st;
     const bool dir = path.back() == '/' ||
                      (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode));
+    const std::string leaf = "rank" + std::to_string(rank) +
+                             (restarts > 0 ? ".restart" + std::to_string(restarts) : "") +
+                             ".json";
     if (dir) {
       if (path.back() == '/') ::mkdir(path.c_str(), 0755);  // one level
-      return path + (path.back() == '/' ? "" : "/") + "rank" + std::to_string(rank) + ".json";
+      return path + (path.back() == '/' ? "" : "/") + leaf;
     }
-    return path + ".rank" + std::to_string(rank) + ".json";
+    return path + "." + leaf;
   }
 
   ThreadBuf& local() {
