@@ -1,6 +1,7 @@
 // The timeline recorder (src/core/timeline.h explains the design).
 #include "core/timeline.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,12 +80,14 @@ class Recorder {
     const int size = runtime_world_size() < 0 ? 1 : runtime_world_size();
     const int64_t restarts = config::get_int("TUTTI_RESTART_COUNT");
     const std::string name = resolve(path, rank_, restarts);
-    FILE* f = std::fopen(name.c_str(), "w");
-    if (!f)
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
       TUTTI_THROW(kIo, "rank ", rank_, ": cannot create the timeline file '", name,
                   "' (TUTTI_TIMELINE / timeline::start): ", std::strerror(errno));
     file_ = name;
-    out_ = f;
+    fd_ = fd;
+    write_failed_ = false;
+    chunk_.clear();
     first_ = true;
     {
       std::lock_guard<std::mutex> rl(registry_mu_);
@@ -106,7 +109,7 @@ class Recorder {
     const int64_t wall_us = std::chrono::duration_cast<std::chrono::microseconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
-    std::fputs("[\n", out_);
+    chunk_ = "[\n";
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     // The writer thread is not running yet: write the header directly.
@@ -130,14 +133,14 @@ class Recorder {
                          ", \"tid\": " + std::to_string(kPreemption) + ", \"args\": {" +
                          a.json() + "}}";
     write_raw(anchor);
-    std::fflush(out_);
+    write_chunk();
     stopping_ = false;
     writer_ = std::thread([this] { writer_loop(); });
     detail::g_on.store(true, std::memory_order_release);
     if (restarts > 0) {
       Args r;
       r.i("restart_count", restarts);
-      instant(kPreemption, "restart", "restart", &r);
+      instant(kPreemption, "preemption", "restart", &r);
     }
   }
 
@@ -155,9 +158,10 @@ class Recorder {
       TUTTI_LOG(kWarn) << "timeline: " << dropped_total_
                        << " event(s) dropped (more than " << kMaxPending
                        << " per thread within 100 ms)";
-    std::fputs("\n]\n", out_);
-    std::fclose(out_);
-    out_ = nullptr;
+    chunk_ += "\n]\n";
+    write_chunk();
+    ::close(fd_);
+    fd_ = -1;
     file_.clear();
   }
 
@@ -253,9 +257,28 @@ class Recorder {
   // Appends one event's text, with the comma that separates it from the
   // previous one, so the file is always a valid unterminated array.
   void write_raw(const std::string& s) {
-    if (!first_) std::fputs(",\n", out_);
+    if (!first_) chunk_ += ",\n";
     first_ = false;
-    std::fwrite(s.data(), 1, s.size(), out_);
+    chunk_ += s;
+  }
+
+  // One write(2) per flush, so a SIGKILL leaves whole events only (the
+  // file ends after the last flushed event).  A failing write (disk full)
+  // is reported once and the rest of the trace dropped.
+  void write_chunk() {
+    size_t done = 0;
+    while (done < chunk_.size() && !write_failed_) {
+      const ssize_t n = ::write(fd_, chunk_.data() + done, chunk_.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        write_failed_ = true;
+        TUTTI_LOG(kError) << "timeline: writing '" << file_ << "' failed ("
+                          << std::strerror(errno) << "); the rest of the trace is lost";
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    chunk_.clear();
   }
 
   void format(const Event& e, std::string& s) {
@@ -305,7 +328,7 @@ class Recorder {
       }
       spare_.clear();
     }
-    std::fflush(out_);
+    write_chunk();
   }
 
   void writer_loop() {
@@ -320,7 +343,9 @@ class Recorder {
 
   std::mutex control_mu_;  // start / stop
   std::string file_;
-  FILE* out_ = nullptr;
+  int fd_ = -1;
+  std::string chunk_;  // formatted, not yet written
+  bool write_failed_ = false;
   bool first_ = true;
   int rank_ = 0;
   uint64_t dropped_total_ = 0;
