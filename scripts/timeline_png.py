@@ -62,6 +62,7 @@ def render(events, png, rank=0, steps=3, first=None, title=None):
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r + " comm" if r.startswith("bucket") else r for r in reversed(rows)])
     ax.set_xlim(0, (t1 - t0) / 1e3)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.set_xlabel("ms")
     ratio, c, m, hidden = timeline_trace.overlap(events, rank)
     summary = (f"overlap {100 * ratio:.0f}% (communication hidden under compute / "
