@@ -8,12 +8,16 @@ of --runs runs per side.
   bench/timeline/bench_timeline.py BUILD_DIR [--np 2] [--steps 200] [--runs 7]
       [--compression powersgd] [--step-sleep-ms 0]
 
-Prints one row per configuration: off and on medians, the overhead in
-percent, the spread (max-min over median) of each side, and the trace size.
+Prints one row per configuration: off and on medians of the training time,
+the overhead in percent, the spread (max-min over median) of each side; the
+medians of the CPU time (user + system) of the whole job (mpirun and every
+rank: start-up included) and its overhead; and the trace size.  On a loaded
+machine the CPU time is the steadier of the two.
 """
 import argparse
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -34,8 +38,11 @@ def run(args, work, timeline):
             "--log-every", str(args.steps), "--learn-ratio", "0",
             "--ckpt-dir", os.path.join(work, "ckpt"), "--ckpt-every", str(args.ckpt_every)]
     shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    return float(re.search(r"training ([0-9.]+) s", out).group(1))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return float(re.search(r"training ([0-9.]+) s", out).group(1)), cpu
 
 
 def main():
@@ -56,11 +63,14 @@ def main():
             on.append(run(args, work, tl))
             size = sum(os.path.getsize(os.path.join(work, f)) for f in os.listdir(work)
                        if f.startswith("tl.rank"))
+        off_cpu, on_cpu = [c for _, c in off], [c for _, c in on]
+        off, on = [t for t, _ in off], [t for t, _ in on]
         mo, mn = statistics.median(off), statistics.median(on)
+        co, cn = statistics.median(off_cpu), statistics.median(on_cpu)
         print(f"| np {args.np}, {args.steps} steps, {args.compression}, sleep {args.step_sleep_ms} ms "
               f"| {mo:.3f} s | {mn:.3f} s | {100 * (mn - mo) / mo:+.1f}% "
               f"| {100 * (max(off) - min(off)) / mo:.0f}% / {100 * (max(on) - min(on)) / mn:.0f}% "
-              f"| {size / 1e6:.1f} MB |")
+              f"| {co:.2f} s | {cn:.2f} s | {100 * (cn - co) / co:+.1f}% | {size / 1e6:.1f} MB |")
         sys.stdout.flush()
 
 
