@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -49,6 +50,13 @@ struct ThreadBuf {
   std::vector<Event> events;
   uint64_t dropped = 0;
 };
+
+// Copies `s` into dst[cap], truncated, NUL-terminated.
+void copy_cstr(char* dst, size_t cap, const char* s) {
+  const size_t n = strnlen(s, cap - 1);
+  std::memcpy(dst, s, n);
+  dst[n] = '\0';
+}
 
 // Appends `s` to `out` as the body of a JSON string.
 void escape_into(std::string& out, const char* s) {
@@ -185,8 +193,8 @@ class Recorder {
     e.track = track;
     e.ph = ph;
     e.cat = cat;
-    std::snprintf(e.name, sizeof(e.name), "%s", name);
-    std::snprintf(e.args, sizeof(e.args), "%s", args ? args->json() : "");
+    copy_cstr(e.name, sizeof(e.name), name);
+    copy_cstr(e.args, sizeof(e.args), args ? args->json() : "");
   }
 
   int group_track(const std::string& group) {
@@ -312,6 +320,14 @@ class Recorder {
     std::vector<std::shared_ptr<ThreadBuf>> bufs;
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
+      // Threads that ended (only the registry holds their buffer) leave
+      // once their last events were written (the pass after they ended).
+      bufs_.erase(std::remove_if(bufs_.begin(), bufs_.end(),
+                                 [](const std::shared_ptr<ThreadBuf>& b) {
+                                   std::lock_guard<std::mutex> bl(b->mu);
+                                   return b.use_count() == 1 && b->events.empty();
+                                 }),
+                  bufs_.end());
       bufs = bufs_;
     }
     std::string line;
@@ -381,7 +397,7 @@ ComputeTrack& compute_track() {
   static std::atomic<int> next{0};
   if (t.track == 0) {
     const int k = next.fetch_add(1);
-    t.track = k == 0 ? kCompute : kCompute + 200 + k;
+    t.track = k == 0 ? kCompute : kExtraComputeBase + k;
     if (k > 0 && on()) {
       Args a;
       a.s("name", "compute " + std::to_string(k + 1));
@@ -399,20 +415,51 @@ int64_t now_ns() {
       .count();
 }
 
+// Appends straight into the fixed buffer (no allocation: hooks on the
+// collective path build args for every op); an arg that does not fit is
+// left out whole.
 void Args::add(const char* key, const char* raw, bool quote) {
-  std::string s = n_ ? ", \"" : "\"";
-  escape_into(s, key);
-  s += "\": ";
-  if (quote) {
-    s += '"';
-    escape_into(s, raw);
-    s += '"';
-  } else {
-    s += raw;
+  const size_t cap = sizeof(buf_) - 1;
+  size_t n = n_;
+  auto put = [&](char c) {
+    if (n < cap) buf_[n] = c;
+    ++n;
+  };
+  auto put_escaped = [&](const char* s) {
+    for (; *s; ++s) {
+      const unsigned char c = static_cast<unsigned char>(*s);
+      if (c == '"' || c == '\\') {
+        put('\\');
+        put(static_cast<char>(c));
+      } else if (c < 0x20) {
+        char u[8];
+        std::snprintf(u, sizeof(u), "\\u%04x", c);
+        for (const char* p = u; *p; ++p) put(*p);
+      } else {
+        put(static_cast<char>(c));
+      }
+    }
+  };
+  if (n_) {
+    put(',');
+    put(' ');
   }
-  if (n_ + s.size() + 1 > sizeof(buf_)) return;  // full: the arg is left out
-  std::memcpy(buf_ + n_, s.data(), s.size());
-  n_ += s.size();
+  put('"');
+  put_escaped(key);
+  put('"');
+  put(':');
+  put(' ');
+  if (quote) put('"');
+  if (quote)
+    put_escaped(raw);
+  else
+    for (const char* p = raw; *p; ++p) put(*p);
+  if (quote) put('"');
+  if (n > cap) {  // did not fit: drop it
+    buf_[n_] = '\0';
+    return;
+  }
+  n_ = n;
   buf_[n_] = '\0';
 }
 

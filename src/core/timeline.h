@@ -47,6 +47,7 @@ enum Track : int {
   kPreemption = 13,      // notices, restarts
   kGroupBase = 20,       // + the group's index: its collectives
   kBucketBase = 100,     // + the bucket index: fill and communication
+  kExtraComputeBase = 2000,  // + k: the compute track of the k-th other thread
 };
 constexpr int kMaxGroups = 64;
 constexpr int kMaxBuckets = 1024;
