@@ -90,6 +90,19 @@ def train(args, out, name, env, extra_env, log, final, ckpt):
     return subprocess.call(cmd, env=e)
 
 
+def timeline(out):
+    """Merges the spot run's per-rank traces (both runs of the job) and
+    renders rank 0's steps; returns the merged trace."""
+    merged, png = os.path.join(out, "timeline.json"), os.path.join(out, "timeline.png")
+    subprocess.check_call([sys.executable, os.path.join(ROOT, "scripts/timeline_merge.py"),
+                           os.path.join(out, "timeline") + "/", "-o", merged])
+    subprocess.check_call([sys.executable, os.path.join(ROOT, "scripts/timeline_png.py"), merged,
+                           "-o", png, "--rank", "0"])
+    say(f"timeline: {merged} (open it in https://ui.perfetto.dev or chrome://tracing), "
+        f"steps of rank 0: {png}")
+    return merged
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--np", type=int, default=4)
@@ -105,6 +118,9 @@ def main():
     ap.add_argument("--grow-after", type=int, default=60,
                     help="--elastic: steps at the small size before a host joins")
     ap.add_argument("--step-sleep-ms", type=int, default=20)
+    ap.add_argument("--timeline", action="store_true",
+                    help="record the spot run with TUTTI_TIMELINE: demo-out/timeline.json "
+                         "(Perfetto / chrome://tracing), timeline.png, and the overlap in the summary")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=os.path.join(ROOT, "demo-out"))
     args = ap.parse_args()
@@ -125,10 +141,11 @@ def main():
     # those: --out may be a folder of the user's): the watcher below reads
     # train.jsonl, and an old log would make it issue the spot notice at once.
     for name in ("train.jsonl", "train-reference.jsonl", "final.json", "final-reference.json",
-                 "preempt.trigger", "aws-requests.jsonl", "loss.png"):
+                 "preempt.trigger", "aws-requests.jsonl", "loss.png", "timeline.json",
+                 "timeline.png"):
         if os.path.exists(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
-    for name in ("ckpt", "ckpt-reference"):
+    for name in ("ckpt", "ckpt-reference", "timeline"):
         shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
     mock, port, notice = start_mock(out)
@@ -139,9 +156,10 @@ def main():
     watcher = threading.Thread(target=follow, args=(log, notice, int(args.steps * args.notice_at), state),
                                daemon=True)
     watcher.start()
+    traced = {"TUTTI_TIMELINE": os.path.join(out, "timeline") + "/"} if args.timeline else {}
     try:
         rc = train(args, out, "spot run", env,
-                   {"TUTTI_PREEMPT_SOURCES": "signals,file,aws",
+                   {**traced, "TUTTI_PREEMPT_SOURCES": "signals,file,aws",
                     "TUTTI_AWS_METADATA_URL": f"http://127.0.0.1:{port}",
                     "TUTTI_PREEMPT_FILE": os.path.join(out, "preempt.trigger")},
                    log, final, os.path.join(out, "ckpt"))
@@ -157,9 +175,12 @@ def main():
         state["stop"] = True
         mock.terminate()
     a, b = json.load(open(final)), json.load(open(ref_final))
+    report = []
+    if args.timeline:
+        report = ["--timeline", timeline(out)]
     print()
     subprocess.check_call([sys.executable, os.path.join(ROOT, "scripts/demo_report.py"), log,
-                           "--reference", ref_log, "--png", os.path.join(out, "loss.png")])
+                           "--reference", ref_log, "--png", os.path.join(out, "loss.png")] + report)
     same = a["hash"] == b["hash"]
     say(f"final parameters: interrupted run {a['hash']}, uninterrupted run {b['hash']}: "
         + ("bit-identical" if same else "DIFFERENT"))

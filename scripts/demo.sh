@@ -9,6 +9,9 @@
 #
 #   scripts/demo.sh                       # 4 ranks, 300 steps
 #   scripts/demo.sh --np 2 --steps 200 --compression onebit
+#   scripts/demo.sh --timeline             # also a Chrome/Perfetto trace of every rank
+#                                          # (demo-out/timeline.json, timeline.png; the summary
+#                                          # shows the overlap; docs/timeline.md)
 #   scripts/demo.sh --elastic              # 4 -> 2 -> 4 ranks under tutti-run --min-np/--max-np,
 #                                          # goodput summary (docs/examples.md)
 set -euo pipefail

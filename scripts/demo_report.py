@@ -222,7 +222,19 @@ def goodput_table(g, progress, samples=None):
     return "\n".join([line] + [f"| {k:<{w}} | {x:<{v}} |" for k, x in rows] + [line])
 
 
-def table(s, ref=None):
+def timeline_overlap(path):
+    """(mean ratio, [per-process ratios]) of a merged TUTTI_TIMELINE trace:
+    gradient communication hidden under compute / min(compute, communication)
+    (scripts/timeline_trace.overlap), for every rank and run."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import timeline_trace
+    events = timeline_trace.load(path)
+    ratios = [timeline_trace.overlap(events, pid)[0] for pid in timeline_trace.pids(events)]
+    ratios = [r for r in ratios if r is not None]
+    return (sum(ratios) / len(ratios) if ratios else None), ratios
+
+
+def table(s, ref=None, overlap=None):
     rows = [
         ("throughput", f"{s['throughput']:.0f} samples/s"),
         ("final loss", f"{s['final_loss']:.4f}"),
@@ -238,6 +250,11 @@ def table(s, ref=None):
     ]
     if ref is not None:
         rows.append(("uninterrupted run, wall time", f"{ref['wall']:.1f} s"))
+    if overlap is not None:
+        mean, ratios = overlap
+        rows.append(("overlap (timeline: comm hidden under compute)",
+                     "-" if mean is None else
+                     f"{100 * mean:.0f}% (per rank {min(ratios) * 100:.0f}-{max(ratios) * 100:.0f}%)"))
     w = max(len(k) for k, _ in rows)
     line = "+" + "-" * (w + 2) + "+" + "-" * 52 + "+"
     out = [line]
@@ -300,6 +317,7 @@ def main():
     ap.add_argument("--global-batch", type=int, help="with --samples: every step's samples")
     ap.add_argument("--launches", help="tutti-run's launches.jsonl: the goodput summary")
     ap.add_argument("--final", help="with --launches: dp_train's --final file (its counters)")
+    ap.add_argument("--timeline", help="a merged TUTTI_TIMELINE trace: the overlap row")
     args = ap.parse_args()
     check = None
     if args.samples:
@@ -322,7 +340,7 @@ def main():
     if args.reference:
         ref_steps, ref_events = load(args.reference)
         ref = summarise(ref_steps, ref_events)
-    print(table(s, ref))
+    print(table(s, ref, timeline_overlap(args.timeline) if args.timeline else None))
     if args.launches:
         progress = json.load(open(args.final))["progress"]
         print("goodput (where the wall time went):")

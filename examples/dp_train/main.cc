@@ -319,8 +319,14 @@ int main(int argc, char** argv) {
       // The reducer averages loss-scaled gradients: error-feedback
       // compressors keep their residuals in these units.
       reducer.set_gradient_scale(scaler.scale());
-      float loss = model.forward_backward(x.data(), y.data(), per_rank, scaler.scale(),
-                                          [&](int p) { reducer.grad_ready(p); });
+      float loss;
+      {
+        // The compute track of TUTTI_TIMELINE (the reducer's buckets
+        // launch inside this span; docs/timeline.md).
+        tutti::timeline::Range compute("forward_backward");
+        loss = model.forward_backward(x.data(), y.data(), per_rank, scaler.scale(),
+                                      [&](int p) { reducer.grad_ready(p); });
+      }
       reducer.synchronize();
       // Unscale into the float32 master gradients and check, in one pass.
       const tutti::amp::NonFiniteReport report =

@@ -23,6 +23,19 @@ void bind_core(pyb::module_& m) {
     for (int d = 0; d < kNumDTypes; ++d) out.push_back(dtype_name(static_cast<DType>(d)));
     return out;
   }, "Names of the element types tutti supports.");
+  // The timeline (docs/timeline.md), as Horovod's hvd.start_timeline.
+  m.def("start_timeline", &timeline::start, pyb::arg("path"),
+        "Start recording this rank's Chrome/Perfetto trace: <path>.rank<R>.json, or "
+        "<path>/rank<R>.json when path is a directory (TUTTI_TIMELINE does it at init).");
+  m.def("stop_timeline", &timeline::stop, pyb::call_guard<pyb::gil_scoped_release>(),
+        "Flush and close the timeline (idempotent; shutdown() calls it).");
+  m.def("timeline_active", &timeline::active, "True while a timeline records.");
+  m.def("timeline_file", &timeline::file, "The trace file being written ('' when none).");
+  m.def("timeline_mark", &timeline::mark, pyb::arg("name"),
+        "An instant event on the compute track.");
+  m.def("timeline_begin", &timeline::begin, pyb::arg("name"),
+        "Open a span on this thread's compute track.");
+  m.def("timeline_end", &timeline::end, "Close this thread's innermost span.");
   m.def("config_get", [](const std::string& name) {
     return config::get_string(name.c_str());
   }, pyb::arg("name"), "The current value (or default) of a TUTTI_* setting.");

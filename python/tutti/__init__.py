@@ -54,6 +54,13 @@ from ._C import (  # noqa: F401  (re-exported API)
     set_log_level,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
+    timeline_active,
+    timeline_begin,
+    timeline_end,
+    timeline_file,
+    timeline_mark,
     world,
 )
 from . import amp, checkpoint, compression, optim, tensor_parallel  # noqa: F401,E402

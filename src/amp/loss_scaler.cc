@@ -6,6 +6,7 @@
 
 #include "amp/overflow_agreement.h"
 #include "core/check.h"
+#include "core/timeline.h"
 #include "tutti/amp.h"
 #include "tutti/log.h"
 
@@ -200,6 +201,7 @@ ScaleUpdate DynamicLossScaler::update() {
   }
   ++steps_;
   u.new_scale = scale_;
+  TUTTI_TIMELINE(instant(timeline::kAmp, "amp", u.skipped ? "skipped step" : "scale update", &timeline::Args().i("step", step).d("old_scale", u.old_scale).d("new_scale", u.new_scale).i("skipped_total", skipped_steps_)));
   const std::string report = overflow_report_;
   checked_ = false;
   found_ = false;

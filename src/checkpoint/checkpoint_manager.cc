@@ -25,6 +25,7 @@
 #include "checkpoint/shard_geometry.h"
 #include "checkpoint/snapshot.h"
 #include "core/check.h"
+#include "core/timeline.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
 
@@ -169,6 +170,7 @@ void CheckpointManager::Impl::writer_loop() {
 }
 
 void CheckpointManager::Impl::persist(Job& job) {
+  TUTTI_TIMELINE_SCOPE(tl, async_ ? timeline::kCheckpointWriter : timeline::kCheckpoint, "checkpoint", "persist");
   copier_.wait();  // CUDA copies landed in host memory
   ckpt::CommitTimes t;
   const std::string parent = parent_name();
@@ -197,6 +199,7 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
   using Clock = std::chrono::steady_clock;
   wait();
   const auto t0 = Clock::now();
+  TUTTI_TIMELINE_SCOPE(tl, timeline::kCheckpoint, "checkpoint", "snapshot");
   auto job = std::make_unique<Job>();
   job->step = step;
   job->components = std::move(components);

@@ -15,6 +15,7 @@
 #include "checkpoint/retention.h"
 #include "checkpoint/shard_writer.h"
 #include "core/check.h"
+#include "core/timeline.h"
 #include "tutti/log.h"
 
 namespace tutti {
@@ -266,7 +267,9 @@ std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
       write_and_agree(agree, cfg, dir, step, snap, what, times);
   fault::fault_point("after_agree");
 
+  TUTTI_TIMELINE(instant(timeline::kCheckpointWriter, "checkpoint", "shards durable", &timeline::Args().i("step", step)));
   publish(agree, cfg, {name, dir, step, parent, metadata, components}, reports, what);
+  TUTTI_TIMELINE(instant(timeline::kCheckpointWriter, "checkpoint", "commit", &timeline::Args().i("step", step).s("name", name)));
   if (times) times->commit_s = since(t0);
 
   retain(agree, cfg, name);

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/timeline.h"
 #include "tutti/comm.h"
 
 namespace tutti {
@@ -15,7 +16,9 @@ namespace comm {
 class CpuWork : public Work {
  public:
   CpuWork(uint64_t seq, std::string description)
-      : seq_(seq), description_(std::move(description)) {}
+      : seq_(seq),
+        description_(std::move(description)),
+        enqueued_ns_(timeline::on() ? timeline::now_ns() : 0) {}
 
   void wait() override;
   void synchronize() override { wait(); }
@@ -27,6 +30,12 @@ class CpuWork : public Work {
   // formatted from the request only if someone asks for it.
   void start(uint64_t seq, std::shared_ptr<const OpRequest> request,
              const std::string& group);
+
+  // The ranks agreed on the operation; the data exchange starts (the
+  // timeline's phase boundary; a no-op while no timeline records).
+  void agreed() {
+    if (timeline::on()) agreed_ns_ = timeline::now_ns();
+  }
 
   // Marks the work done (error may be null).  Called once.
   void finish(std::exception_ptr error = nullptr);
@@ -40,6 +49,12 @@ class CpuWork : public Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  // Timeline instants (now_ns(); 0: not recorded): submitted, started on the
+  // progress engine, agreement done.  Written by the engine thread only.
+  int64_t enqueued_ns_ = 0;
+  int64_t started_ns_ = 0;
+  int64_t agreed_ns_ = 0;
+  void trace(bool failed) const;
 };
 
 }  // namespace comm

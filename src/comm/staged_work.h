@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/timeline.h"
 #include "tutti/comm.h"
 
 namespace tutti {
@@ -24,7 +25,15 @@ class StagedWork : public Work {
     return desc_;
   }
   // Called by the engine once the operation is posted.
-  void started(uint64_t seq, std::string desc) { settle(kStarted, nullptr, seq, std::move(desc)); }
+  void started(uint64_t seq, std::string desc) {
+    // The timeline sees the host side only: submitted -> posted to the
+    // stream (the GPU's end is not traced).
+    if (timeline::on() && enqueued_ns_)
+      timeline::complete(timeline::group_track("cuda (posted)"), "comm", desc,
+                         enqueued_ns_, timeline::now_ns(),
+                         &timeline::Args().i("seq", static_cast<int64_t>(seq)).s("backend", "nccl"));
+    settle(kStarted, nullptr, seq, std::move(desc));
+  }
   // Called by the engine when the operation could not be started.
   void failed(std::exception_ptr e, uint64_t seq, std::string desc) {
     settle(kDone, e, seq, std::move(desc));
@@ -45,6 +54,7 @@ class StagedWork : public Work {
   uint64_t seq_ = 0;
   std::string desc_;
   std::exception_ptr error_;
+  const int64_t enqueued_ns_ = timeline::on() ? timeline::now_ns() : 0;
 
  private:
   void settle(Stage stage, std::exception_ptr e, uint64_t seq, std::string desc) {

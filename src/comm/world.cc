@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/runtime_state.h"
+#include "core/timeline.h"
 #include "preemption/leaving.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -53,6 +54,16 @@ void set_blas_threads(int local_size) {
     return;  // the user decided
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   blas::set_num_threads(std::max(1, cores / std::max(1, local_size)));
+}
+
+// TUTTI_TIMELINE: a trace that cannot be created is logged, not raised: a
+// diagnostic must not stop the job it would describe.
+void start_timeline_from_env() {
+  try {
+    timeline::start_from_env();
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kError) << "no timeline recorded: " << e.what();
+  }
 }
 
 }  // namespace
@@ -137,6 +148,7 @@ void init(const InitOptions& options) {
     std::atexit(shutdown_at_exit);
     s.atexit_registered = true;
   }
+  start_timeline_from_env();
   TUTTI_LOG(kInfo) << "tutti initialised: rank " << s.world->rank() << " of "
                    << s.world->size() << " ("
                    << (s.use_mpi ? "MPI" : "local world of one")
@@ -166,6 +178,7 @@ void shutdown() {
     c->close();
   }
   s.world.reset();
+  timeline::stop();  // after the last collective ended, before MPI goes
   if (s.use_mpi) {
     mpi::StatusService::instance().stop();
     if (poisoned) {

@@ -21,6 +21,7 @@
 
 #include "core/cuda_utils.h"
 #include "core/host_buffer.h"
+#include "core/timeline.h"
 #include "tutti/compression.h"
 
 namespace tutti {
@@ -152,11 +153,21 @@ struct StepTimes {
 class PhaseClock {
  public:
   explicit PhaseClock(StepTimes* t) : t_(t), last_(now_seconds()) {}
-  void encode() { t_->encode += lap(); }
+  void encode() { t_->encode += traced_lap("encode"); }
   void comm() { t_->comm += lap(); }
-  void decode() { t_->decode += lap(); }
+  void decode() { t_->decode += traced_lap("decode"); }
 
  private:
+  // lap(), also put on the timeline's compression track.
+  double traced_lap(const char* phase) {
+    const double d = lap();
+    if (timeline::on()) {
+      const int64_t end = timeline::now_ns();
+      timeline::complete(timeline::kCompression, "compression", phase,
+                         end - static_cast<int64_t>(d * 1e9), end);
+    }
+    return d;
+  }
   double lap() {
     const double now = now_seconds();
     const double d = now - last_;

@@ -39,6 +39,13 @@ const std::vector<SettingInfo> kSettings = {
      "missing, and repeats it every as many seconds until the op completes "
      "or TUTTI_TIMEOUT fails it; NCCL ops log how long they have been in "
      "flight.  0 disables it."},
+    {"TUTTI_TIMELINE", "string", "",
+     "Record a Chrome/Perfetto trace of every rank from tutti::init() to "
+     "shutdown (collectives, buckets, compression, loss-scale skips, "
+     "checkpoints, preemption notices, restarts): <path>.rank<R>.json, or "
+     "<path>/rank<R>.json when the path is a directory or ends with '/'; "
+     "scripts/timeline_merge.py merges the ranks (docs/timeline.md). Empty: "
+     "off (the hooks then cost one atomic load)."},
     {"TUTTI_STATUS_GRACE_MS", "int", "2000",
      "After a timeout, how long to wait for peers to report where they are."},
     {"TUTTI_MPI_THREAD_LEVEL", "string", "multiple",

@@ -7,6 +7,7 @@
 #include "compression/cast.h"
 #include "core/check.h"
 #include "core/cuda_utils.h"
+#include "core/timeline.h"
 #include "data_parallel/reducer_impl.h"
 #include "tutti/log.h"
 
@@ -93,6 +94,7 @@ void ReducerImpl::grad_ready(int index, void* stream) {
   ++seen_in_pass_;
   if (pass_in_step_ + 1 < opt_.backward_passes_per_step) return;  // accumulate
   Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+  TUTTI_TIMELINE(bucket_grad(p.bucket));
   try {
     begin_reducing_pass(stream);
     copy_into_bucket(p, b, stream);
@@ -169,6 +171,7 @@ void ReducerImpl::launch(int index, bool early) {
   cuda::OptionalDeviceGuard device(b.plan.layout.device);  // NCCL submission
   b.launch_step = step_;
   b.launch_grad_scale = grad_scale_;
+  TUTTI_TIMELINE(bucket_launch(index, static_cast<int64_t>(b.plan.bytes)));
   ++stats_.buckets_reduced;
   if (early) ++stats_.buckets_launched_early;
   stats_.bytes_reduced += static_cast<int64_t>(b.plan.bytes);
@@ -281,6 +284,7 @@ void ReducerImpl::wait_bucket(int index) {
     cuda::OptionalDeviceGuard device(b.plan.layout.device);  // stream waits
     b.work->wait();
   }
+  TUTTI_TIMELINE(bucket_ready(index));
 }
 
 void ReducerImpl::write_back(Bucket& b, void* stream) {
@@ -322,6 +326,7 @@ void ReducerImpl::write_back(Bucket& b, void* stream) {
 }
 
 bool ReducerImpl::synchronize(void* stream) {
+  TUTTI_TIMELINE_SCOPE(tl, timeline::kFramework, "reducer", "synchronize");
   std::lock_guard<std::mutex> lock(mu_);
   require_built("synchronize()");
   if (no_sync_depth_ > 0) {

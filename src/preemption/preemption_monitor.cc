@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/timeline.h"
 #include "preemption/leaving.h"
 #include "preemption/notice_source.h"
 #include "preemption/signal_source.h"
@@ -186,6 +187,8 @@ void PreemptionMonitor::Impl::record(NoticeKind kind, const std::string& source,
     best_.seconds_since_start =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     kind_.store(static_cast<int>(kind));
+    TUTTI_TIMELINE(instant(timeline::kPreemption, "preemption", notice_kind_name(kind),
+                           &timeline::Args().s("source", source).s("detail", detail)));
     TUTTI_LOG(kWarn) << "preemption notice (" << notice_kind_name(kind) << ") from " << source
                      << (detail.empty() ? "" : ": ") << detail;
   }

@@ -39,6 +39,11 @@ from .._C import (  # noqa: F401  (tutti's errors and groups, re-exported)
     ProcessMesh,
     TimeoutError,
     UnsupportedError,
+    start_timeline,
+    stop_timeline,
+    timeline_begin,
+    timeline_end,
+    timeline_mark,
 )
 from ._basics import (  # noqa: F401
     ccl_built,

@@ -316,6 +316,7 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
     }
     if (local_error) std::rethrow_exception(local_error);
     running.set_phase("exchanging data");
+    work.agreed();  // the timeline's end of the agreement phase
     run_collective(r, deadline, desc, seq);
   } catch (...) {
     error = std::current_exception();
