@@ -21,3 +21,4 @@
 #include "tutti/state.h"
 #include "tutti/tensor.h"
 #include "tutti/tensor_parallel.h"
+#include "tutti/zero.h"
