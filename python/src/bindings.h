@@ -13,6 +13,7 @@ void bind_state(pybind11::module_& m);
 void bind_compression(pybind11::module_& m);
 void bind_dp(pybind11::module_& m);
 void bind_amp(pybind11::module_& m);
+void bind_optim(pybind11::module_& m);
 void bind_tp(pybind11::module_& m);
 // Empty when the layer is not in this tree (checked with __has_include).
 void bind_checkpoint(pybind11::module_& m);

@@ -15,11 +15,12 @@ PYBIND11_MODULE(_C, m) {
   tutti::py::bind_compression(m);
   tutti::py::bind_dp(m);
   tutti::py::bind_amp(m);
+  tutti::py::bind_optim(m);
   tutti::py::bind_tp(m);
   tutti::py::bind_checkpoint(m);
   tutti::py::bind_preemption(m);
   // Submodules become importable (`from tutti._C.amp import ...`).
   auto modules = pybind11::module_::import("sys").attr("modules");
-  for (const char* sub : {"amp", "tensor_parallel"})
+  for (const char* sub : {"amp", "optim", "tensor_parallel"})
     modules[(std::string("tutti._C.") + sub).c_str()] = m.attr(sub);
 }

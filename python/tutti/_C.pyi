@@ -286,3 +286,20 @@ class PreemptionMonitor:
     def close(self) -> None: ...
     def __enter__(self) -> PreemptionMonitor: ...
     def __exit__(self, *args: Any) -> bool: ...
+
+# ---- optim (tutti._C.optim; the documented wrapper is tutti.optim) ----------------
+
+class _OptimModule:
+    @staticmethod
+    def num_states(kind: str) -> int: ...
+    @staticmethod
+    def step(params: Sequence[_Tensor], grads: Sequence[_Tensor],
+             states: Optional[Sequence[Sequence[_Tensor]]], *, kind: str = "adam",
+             lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+             nesterov: bool = False, beta1: float = 0.9, beta2: float = 0.999,
+             eps: float = 1e-8, weight_decay: float = 0.0, maximize: bool = False,
+             step: int = 1, grad_scale: float = 1.0,
+             model_copies: Optional[Sequence[_Tensor]] = None, stream: int = 0,
+             names: Optional[Sequence[str]] = None) -> None: ...
+
+optim: _OptimModule

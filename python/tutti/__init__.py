@@ -56,7 +56,7 @@ from ._C import (  # noqa: F401  (re-exported API)
     size,
     world,
 )
-from . import amp, checkpoint, compression, tensor_parallel  # noqa: F401,E402
+from . import amp, checkpoint, compression, optim, tensor_parallel  # noqa: F401,E402
 from .checkpoint import (  # noqa: F401,E402
     PREEMPTED_EXIT_CODE,
     CheckpointManager,

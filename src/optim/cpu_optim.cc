@@ -4,6 +4,16 @@
 // update runs over float lanes, and the model copy block is rounded by the
 // same amp loop while the parameters are still in L1.  One read of every
 // input and one write of every output, as in the CUDA kernel.
+// GCC contracts a*b + c into an FMA by default in C++ (-ffp-contract=fast),
+// across statements and across _mm256_* intrinsics; the expression of
+// optim_math.h places its FMAs itself, so contraction is off for this file
+// (before any include, so every inlined function shares the setting).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #include "optim/cpu_optim.h"
 
 #include <algorithm>

@@ -10,6 +10,7 @@
 
 #include "optim/optim_math.h"
 #include "tutti/dtype.h"
+#include "tutti/optim.h"
 
 namespace tutti {
 namespace optim {
@@ -25,6 +26,11 @@ struct Entry {
   DType grad_dtype = DType::kFloat32;
   DType copy_dtype = DType::kFloat32;
 };
+
+// The step's scalars from the hyper-parameters (optim.cc), computed in
+// double as torch's Python code does and rounded to float32 where torch
+// hands them to a float32 kernel.  Arguments already checked.
+Coeffs make_coeffs(const Hyper& h, float grad_scale);
 
 // Updates e's elements in place.  `vector` = false forces the scalar lanes
 // (the tests compare both paths on machines with AVX2).

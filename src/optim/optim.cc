@@ -61,6 +61,8 @@ bool overlap(const Tensor& a, const Tensor& b) {
   return x < y + b.nbytes() && y < x + a.nbytes();
 }
 
+}  // namespace
+
 // Coefficients of one step from the hyper-parameters, computed as torch's
 // Python code computes them (double), then rounded to float32 where torch
 // hands the scalar to a float32 kernel.
@@ -95,8 +97,6 @@ Coeffs make_coeffs(const Hyper& h, float grad_scale) {
   c.neg_step_size = static_cast<float>(-(lr / bc1));
   return c;
 }
-
-}  // namespace
 
 int num_states(Kind kind) { return kind == Kind::kSgd ? 1 : 2; }
 

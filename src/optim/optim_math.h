@@ -6,12 +6,13 @@
 //
 // Every operation is spelled out (o_mul, o_add, o_fma, ...), because the
 // result must be rounded exactly where torch.optim's CPU kernels round it:
-// a fused multiply-add where ATen's vector kernels call vec::fmadd (add with
-// alpha, lerp), a separately rounded product and sum where they do not
-// (mul_, addcmul_, addcdiv_).  nvcc would otherwise contract a*b+c into an
-// FMA; on the host the library builds with -std=c++17 (GCC: no contraction
-// in ISO mode) and each operation is its own statement (Clang contracts only
-// within one expression).
+// a fused multiply-add where ATen's kernels call vec::fmadd (add with alpha,
+// lerp) or where GCC contracts their vector expression (addcmul_: self +
+// (value*t1)*t2), separate roundings elsewhere (mul_, div, addcdiv_'s
+// quotient and sum).  Measured against torch's CPU build, bit for bit
+// (tests/optim/test_optim_torch.py).  Compilers must not contract these
+// operations further: the device side uses the _rn intrinsics (nvcc never
+// fuses them), the host file turns contraction off (cpu_optim.cc).
 #pragma once
 
 #include <cmath>
@@ -37,7 +38,7 @@ struct Coeffs {
   float momentum;          // SGD: buf = fma(g, 1-d, buf*mom)  (buf.mul_(m).add_(g, alpha=1-d))
   float one_minus_dampening;
   float lerp_coeff;        // Adam: m = fma(lerp_coeff, g - m, lerp_small ? m : g)
-  float beta2;             //       v = v*b2 + ((1-b2)*g)*g    (v.mul_(b2).addcmul_(g, g, value=1-b2))
+  float beta2;             //       v = fma((1-b2)*g, g, v*b2) (v.mul_(b2).addcmul_(g, g, value=1-b2))
   float one_minus_beta2;
   float bc2_sqrt;          //       denom = sqrt(v) / bc2_sqrt + eps
   float eps;
@@ -104,10 +105,11 @@ TUTTI_OPT_HD void adam_update(const Coeffs& c, V& p, V g, V& m, V& v) {
   }
   const V diff = o_sub(g, m);
   m = o_fma(o_splat(c.lerp_coeff, V()), diff, c.lerp_small ? m : g);
+  // addcmul_ (self + value*t1*t2) is fused as built by GCC: one rounding of
+  // value*t1, then fma(value*t1, t2, self); mul_ rounds first.
   const V v_decayed = o_mul(v, o_splat(c.beta2, V()));
   const V g_scaled = o_mul(o_splat(c.one_minus_beta2, V()), g);
-  const V g_sq = o_mul(g_scaled, g);
-  v = o_add(v_decayed, g_sq);
+  v = o_fma(g_scaled, g, v_decayed);
   const V root = o_div(o_sqrt(v), o_splat(c.bc2_sqrt, V()));
   const V denom = o_add(root, o_splat(c.eps, V()));
   const V num = o_mul(o_splat(c.neg_step_size, V()), m);
