@@ -20,6 +20,7 @@
 
 #include "data_parallel/test_zero_util.h"
 #include "tutti/amp.h"
+#include "tutti/mesh.h"
 
 namespace tutti {
 namespace {
@@ -40,8 +41,11 @@ struct Trace {
 
 // kSteps AMP steps: scaled backward, agreed non-finite check, global norm,
 // step with grad_scale = inv_scale * clip_coef unless skipped, update.
-Trace run(const ZeroConfig& c, std::vector<unsigned char>* bytes) {
-  ZeroModel m(world(), c);
+// With a mesh the optimizer runs over its DP group, and each TP rank trains
+// a different shard of the model (ZeroConfig::variant).
+Trace run(const ZeroConfig& c, std::vector<unsigned char>* bytes,
+          const ProcessMesh* mesh = nullptr) {
+  ZeroModel m(mesh ? mesh->dp_group() : world(), c);
   amp::LossScalerOptions so;
   so.init_scale = 1024.f;
   so.growth_interval = 2;
@@ -51,14 +55,16 @@ Trace run(const ZeroConfig& c, std::vector<unsigned char>* bytes) {
     const std::vector<unsigned char> before = m.param_bytes();
     EXPECT_TRUE(m.backward(t, scaler.scale()));
     amp::StepCheckOptions check;
-    check.groups = {world().get()};
+    check.groups = {world().get()};  // DP (and TP): one decision everywhere
     const bool skip = scaler.check(m.check_tensors(), check);
     EXPECT_EQ(skip, t == kOverflowStep) << "step " << t;
     if (!skip) {
       amp::ClipOptions clip;
-      // Shards: disjoint across ranks, summed over the group.  Reference:
-      // every rank holds every (identical) gradient, so no group.
+      // Shards: disjoint across DP ranks (and TP shards across TP ranks),
+      // summed over the world.  Reference: every DP rank holds every
+      // (identical) gradient, so only TP shards are summed.
       if (m.zero) clip.group = world().get();
+      else if (mesh) clip.group = mesh->tp_group().get();
       const double norm = amp::grad_norm(m.check_tensors(), clip) * scaler.inv_scale();
       tr.norms.push_back(norm);
       const double coef = std::min(1.0, kMaxNorm / (norm + 1e-6));
@@ -115,6 +121,35 @@ TEST(ZeroAmp, OverflowSkipAndGlobalNormClipping) {
                       dtype_name(dtype), w, worst);
       }
     }
+}
+
+// TP x DP: a mesh of TP size 2 (np 2: DP 1; np 4: DP 2), every parameter
+// TP-sharded (different on the two TP ranks), the sharded optimizer over
+// the DP group: the global norm over the world counts each element once,
+// the overflow on one DP rank skips the step on every rank, and with DP <= 2
+// the parameters are bit-identical to the unsharded optimizer's.
+TEST(ZeroAmp, TensorTimesDataParallel) {
+  ProcessMesh mesh(world(), 2);
+  ZeroConfig c;
+  c.dtype = DType::kFloat16;
+  c.hyper = test::test_hyper(optim::Kind::kAdam);
+  c.overflow_step = kOverflowStep;
+  c.overflow_rank = mesh.dp_size() - 1;
+  c.variant = mesh.tp_rank();
+  c.stage = 2;
+  ZeroConfig rc = c;
+  rc.stage = 0;
+  std::vector<unsigned char> zb, rb;
+  const Trace z = run(c, &zb, &mesh), ref = run(rc, &rb, &mesh);
+  EXPECT_EQ(z.skipped, 1);
+  ASSERT_EQ(z.norms.size(), ref.norms.size());
+  for (size_t i = 0; i < z.norms.size(); ++i)
+    EXPECT_NEAR(z.norms[i], ref.norms[i], 1e-6 * ref.norms[i]) << "norm " << i;
+  EXPECT_EQ(zb, rb) << "parameters not bit-identical";
+  // The two TP ranks really hold different shards.
+  std::vector<double> mine = {z.params[0]}, other(2);
+  mesh.tp_group()->allgather(Tensor::of(mine), Tensor::of(other));
+  EXPECT_NE(other[0], other[1]);
 }
 
 }  // namespace

@@ -37,10 +37,13 @@ ReducerOptions reducer_options(const ZeroConfig& c) {
   return o;
 }
 
-double init_value(int p, int64_t i) { return 0.5 * std::sin(0.37 * static_cast<double>(i) + p); }
+double init_value(int p, int64_t i, int variant) {
+  return 0.5 * std::sin(0.37 * static_cast<double>(i) + p + 2.1 * variant);
+}
 
-double sample_grad(int sample, int p, int64_t i, int64_t t) {
-  return 0.1 * std::cos(0.11 * static_cast<double>(i) * (p + 1) + 0.7 * sample + 1.3 * t);
+double sample_grad(int sample, int p, int64_t i, int64_t t, int variant) {
+  return 0.1 * std::cos(0.11 * static_cast<double>(i) * (p + 1) + 0.7 * sample + 1.3 * t +
+                        0.9 * variant);
 }
 
 }  // namespace
@@ -48,7 +51,7 @@ double sample_grad(int sample, int p, int64_t i, int64_t t) {
 ZeroModel::ZeroModel(ProcessGroupPtr g, const ZeroConfig& c)
     : group(std::move(g)), config(c), params(make_params(zero_decls(c.dtype))) {
   for (size_t p = 0; p < params.size(); ++p)
-    params[p].param.fill([&](int64_t i) { return init_value(static_cast<int>(p), i); });
+    params[p].param.fill([&](int64_t i) { return init_value(static_cast<int>(p), i, c.variant); });
   reducer.reset(new Reducer(group, reducer_options(c)));
   register_all(*reducer, params);
   reducer->build();
@@ -77,7 +80,7 @@ bool ZeroModel::backward(int64_t t, float loss_scale) {
     std::vector<double> v(static_cast<size_t>(g.numel()));
     for (int64_t i = 0; i < g.numel(); ++i) {
       double sum = 0;
-      for (int s = r * per_rank; s < (r + 1) * per_rank; ++s) sum += sample_grad(s, p, i, t);
+      for (int s = r * per_rank; s < (r + 1) * per_rank; ++s) sum += sample_grad(s, p, i, t, config.variant);
       v[static_cast<size_t>(i)] = sum / per_rank * loss_scale;
     }
     if (t == config.overflow_step && r == config.overflow_rank && p == 1)

@@ -32,6 +32,9 @@ struct ZeroConfig {
   // on rank overflow_rank (inf: an overflow on one rank).
   int64_t overflow_step = -1;
   int overflow_rank = 0;
+  // Shifts the initial values and gradients (a tensor-parallel rank's
+  // different shard of the model).
+  int variant = 0;
 };
 
 // "sgd", "adam", "adamw" with test hyper-parameters (momentum, decay).
