@@ -72,19 +72,25 @@ ZeroModel::ZeroModel(ProcessGroupPtr g, const ZeroConfig& c)
 
 ZeroModel::~ZeroModel() = default;
 
-bool ZeroModel::backward(int64_t t, float loss_scale) {
+std::vector<double> ZeroModel::local_gradient(int p, int64_t t, float loss_scale) const {
   const int w = group->size(), r = group->rank();
   const int per_rank = kBatch / w;
+  std::vector<double> v(static_cast<size_t>(params[static_cast<size_t>(p)].shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    double sum = 0;
+    for (int s = r * per_rank; s < (r + 1) * per_rank; ++s)
+      sum += sample_grad(s, p, static_cast<int64_t>(i), t, config.variant);
+    v[i] = sum / per_rank * loss_scale;
+  }
+  if (t == config.overflow_step && r == config.overflow_rank && p == 1)
+    v[0] = std::numeric_limits<double>::infinity();
+  return v;
+}
+
+bool ZeroModel::backward(int64_t t, float loss_scale) {
   for (int p = static_cast<int>(params.size()) - 1; p >= 0; --p) {
     const Tensor g = reducer->gradient(p);
-    std::vector<double> v(static_cast<size_t>(g.numel()));
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      double sum = 0;
-      for (int s = r * per_rank; s < (r + 1) * per_rank; ++s) sum += sample_grad(s, p, i, t, config.variant);
-      v[static_cast<size_t>(i)] = sum / per_rank * loss_scale;
-    }
-    if (t == config.overflow_step && r == config.overflow_rank && p == 1)
-      v[0] = std::numeric_limits<double>::infinity();
+    const std::vector<double> v = local_gradient(p, t, loss_scale);
     convert(v.data(), DType::kFloat64, g.data(), g.dtype(), v.size());
     reducer->grad_ready(p);
   }

@@ -48,6 +48,8 @@ class ZeroModel {
   // `loss_scale`, and runs the reducer's backward pass; returns
   // synchronize()'s result.
   bool backward(int64_t t, float loss_scale = 1.f);
+  // This rank's gradient of parameter p at step t (what backward() writes).
+  std::vector<double> local_gradient(int p, int64_t t, float loss_scale = 1.f) const;
   // The optimizer step (sharded or reference) over the averaged gradients.
   void step(float grad_scale = 1.f);
   // The gradients a non-finite check / norm must see, each element once
