@@ -40,7 +40,9 @@
 //    bfloat16.  All buckets on the host, or on CUDA (then step() is ordered
 //    on `stream` like Reducer::synchronize; nothing waits on the host).
 //  * step() is collective (one all-gather per bucket) and follows a reducing
-//    synchronize(); it is the only writer of the parameters.
+//    synchronize(), once (a second step() on the same gradients is
+//    kInvalidArgument); it is the only writer of the parameters.  Skipping
+//    it (an AMP overflow) is fine.
 //  * Bit-identity with the unsharded optimizer (Reducer all-reduce, then
 //    optim::step over whole tensors): stage 1 always (same reduction, same
 //    element-wise update); stage 2 when the reduce-scatter sums in the same

@@ -99,5 +99,32 @@ TEST(ZeroErrors, Stage2WithHierarchicalReducer) {
   EXPECT_EQ(z.steps(), 0);
 }
 
+// step() consumes one reducing synchronize(): a second step() on the same
+// (stage 2: stale) gradients is refused; an accumulation pass does not count.
+TEST(ZeroErrors, StepWithoutReducingSynchronize) {
+  ZeroSetup s;
+  ShardedOptimizer z(s.reducer, test::test_hyper(optim::Kind::kSgd));
+  auto refused = [&] {
+    const std::string msg = expect_error([&] { z.step(); }, ErrorCode::kInvalidArgument);
+    expect_contains(msg, "without a reducing synchronize()");
+  };
+  refused();  // before any backward pass
+  auto pass = [&] {
+    for (int p = 4; p >= 0; --p) s.reducer.grad_ready(p);
+    return s.reducer.synchronize();
+  };
+  ASSERT_TRUE(pass());
+  z.step();
+  refused();
+  {
+    NoSyncGuard g = s.reducer.no_sync();
+    EXPECT_FALSE(pass());
+  }
+  refused();
+  ASSERT_TRUE(pass());
+  z.step();
+  EXPECT_EQ(z.steps(), 2);
+}
+
 }  // namespace
 }  // namespace tutti

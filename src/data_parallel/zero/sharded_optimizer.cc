@@ -69,6 +69,7 @@ ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper&
   if (!local_error.empty()) TUTTI_THROW(kInvalidArgument, local_error);
   for (int b = 0; b < static_cast<int>(reducer_.buckets().size()); ++b) setup_bucket(b);
   build_step_lists();
+  reduced_steps_ = reducer_.stats().steps;
   if (opt_.stage == 2)
     reducer_.set_bucket_collective([this](int b, const Tensor& flat, const OpOptions& o) {
       return reduce_scatter(b, flat, o);
@@ -240,6 +241,14 @@ WorkPtr ShardedOptimizerImpl::reduce_scatter(int b, const Tensor& flat, const Op
 }
 
 void ShardedOptimizerImpl::step(float grad_scale, void* stream) {
+  // Stage 2's shards are only refreshed by a reducing synchronize(): a
+  // second step() on the same gradients would silently apply them twice.
+  const int64_t reduced = reducer_.stats().steps;
+  TUTTI_ARG_CHECK(reduced > reduced_steps_, "ShardedOptimizer '", opt_.name,
+                  "': step() without a reducing synchronize() since the previous step() "
+                  "(reducer '", reducer_.options().name, "' has reduced ", reduced,
+                  " times); expected one step() per reducing synchronize()");
+  reduced_steps_ = reduced;
   optim::Hyper h = hyper_;
   h.step = steps_ + 1;
   if (!params_.empty()) {

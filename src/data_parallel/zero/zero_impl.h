@@ -93,6 +93,7 @@ class ShardedOptimizerImpl {
 
   int world_ = 1;
   int rank_ = 0;
+  int64_t reduced_steps_ = 0;  // reducer.stats().steps at the last step()
   HostBufferPool pool_;
   // The step's argument lists (views), built once.
   std::vector<Tensor> params_, grads_, copies_;
