@@ -70,6 +70,11 @@ struct ShardedOptimizerOptions {
   // kFloat16 or kBFloat16 cast float32 buckets down before the collective
   // and the shard back up after it (docs/zero.md, "Compression").
   DType reduce_dtype = DType::kFloat32;
+  // step() returns once the all-gathers are launched; the parameters are
+  // written by wait_parameter(i) (e.g. from a forward pre-hook, so the
+  // all-gather overlaps the next forward pass) or wait_parameters().  The
+  // next step(), consolidate() and a load wait for everything first.
+  bool overlap_all_gather = false;
   // Prefix of the state names and of error messages.
   std::string name = "zero";
 };
@@ -101,6 +106,13 @@ class TUTTI_API ShardedOptimizer : public Stateful {
   // coefficient), then all-gathers the parameters.  hyper().step is set to
   // steps() + 1 for the update.  CUDA: ordered on `stream`.
   void step(float grad_scale = 1.f, void* stream = nullptr);
+
+  // overlap_all_gather: writes the parameters of reducer parameter
+  // `index`'s bucket and of the buckets launched before it (the all-gathers
+  // run last bucket first, i.e. first-registered layers first), or of all
+  // buckets.  No-ops for buckets already written.  CUDA: on step()'s stream.
+  void wait_parameter(int index);
+  void wait_parameters();
 
   // The averaged gradient elements this rank owns (after a reducing
   // synchronize()): each gradient element belongs to exactly one rank, so a

@@ -59,6 +59,7 @@ ZeroModel::ZeroModel(ProcessGroupPtr g, const ZeroConfig& c)
     ShardedOptimizerOptions o;
     o.stage = c.stage;
     o.reduce_dtype = c.reduce_dtype;
+    o.overlap_all_gather = c.overlap_all_gather;
     zero.reset(new ShardedOptimizer(*reducer, c.hyper, o));
     return;
   }
@@ -128,6 +129,10 @@ std::vector<unsigned char> ZeroModel::param_bytes() {
   std::vector<unsigned char> out;
   for (auto& p : params) out.insert(out.end(), p.param.bytes.begin(), p.param.bytes.end());
   return out;
+}
+
+std::vector<unsigned char> ZeroModel::param_bytes(int p) {
+  return params[static_cast<size_t>(p)].param.bytes;
 }
 
 std::vector<double> ZeroModel::param_values() {

@@ -28,6 +28,7 @@ struct ZeroConfig {
   int stage = 2;                  // 0: the unsharded reference
   bool bucket_view = false;       // ReducerOptions::gradient_as_bucket_view
   DType reduce_dtype = DType::kFloat32;
+  bool overlap_all_gather = false;
   // Gradient sample k of step t is multiplied by this when t == overflow_step
   // on rank overflow_rank (inf: an overflow on one rank).
   int64_t overflow_step = -1;
@@ -55,8 +56,9 @@ class ZeroModel {
   // The gradients a non-finite check / norm must see, each element once
   // across the group: the shards (sharded) or every gradient (reference).
   std::vector<Tensor> check_tensors();
-  // The parameters' bytes, concatenated in registration order.
+  // The parameters' bytes, concatenated in registration order (or of one).
   std::vector<unsigned char> param_bytes();
+  std::vector<unsigned char> param_bytes(int p);
   // The parameters as doubles, concatenated.
   std::vector<double> param_values();
 

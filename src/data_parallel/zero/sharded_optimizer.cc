@@ -41,6 +41,7 @@ std::vector<std::string> describe(const ShardedOptimizerOptions& o,
                                   const optim::Hyper& h) {
   return {"stage=" + std::to_string(o.stage),
           std::string("reduce_dtype=") + dtype_name(o.reduce_dtype),
+          std::string("overlap_all_gather=") + (o.overlap_all_gather ? "true" : "false"),
           "name=" + o.name,
           std::string("kind=") + optim::kind_name(h.kind),
           "lr=" + num(h.lr),
@@ -77,6 +78,18 @@ ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper&
 }
 
 ShardedOptimizerImpl::~ShardedOptimizerImpl() {
+  // An all-gather still in flight (overlap_all_gather) writes into a buffer
+  // freed below.
+  for (Bucket& z : buckets_) {
+    if (!z.gather_work) continue;
+    try {
+      cuda::OptionalDeviceGuard device(z.layout.device);
+      z.gather_work->wait();
+    } catch (const std::exception& e) {
+      TUTTI_LOG(kError) << "ShardedOptimizer '" << opt_.name
+                        << "': an all-gather failed at destruction: " << e.what();
+    }
+  }
   if (opt_.stage != 2) return;
   try {
     reducer_.set_bucket_collective(nullptr);
@@ -168,6 +181,8 @@ void ShardedOptimizerImpl::setup_bucket(int index) {
     const int pi = reducer_.parameter_index(slot.name);
     const Tensor p = reducer_.parameter(pi);
     z.slot_params.push_back(pi);
+    if (param_bucket_.size() <= static_cast<size_t>(pi)) param_bucket_.resize(static_cast<size_t>(pi) + 1, -1);
+    param_bucket_[static_cast<size_t>(pi)] = index;
     slots.push_back({p.data(), slot.offset, p.numel()});
     const int64_t a = std::max(slot.offset, sh.begin);
     const int64_t b = std::min(slot.offset + p.numel(), sh.end);
@@ -249,23 +264,28 @@ void ShardedOptimizerImpl::step(float grad_scale, void* stream) {
                   "(reducer '", reducer_.options().name, "' has reduced ", reduced,
                   " times); expected one step() per reducing synchronize()");
   reduced_steps_ = reduced;
+  wait_parameters();  // the previous step's all-gathers (overlap_all_gather)
   optim::Hyper h = hyper_;
   h.step = steps_ + 1;
   if (!params_.empty()) {
     cuda::OptionalDeviceGuard device(buckets_.front().layout.device);
     optim::step(params_, grads_, states_, h, grad_scale, copies_, stream, names_);
   }
-  write_parameters(stream, false);
+  launch_gathers(stream, false);
+  if (!opt_.overlap_all_gather) wait_parameters();
   ++steps_;
 }
 
 // Every rank's block of each gather buffer holds its rounded master weights
 // (written by optim::step's model copies, or here when cast_master); one
-// in-place all-gather per bucket, all launched before the first wait, then
-// the parameters are written from the gathered buckets.
-void ShardedOptimizerImpl::write_parameters(void* stream, bool cast_master) {
-  std::vector<WorkPtr> work(buckets_.size());
-  for (size_t i = 0; i < buckets_.size(); ++i) {
+// in-place all-gather per bucket, all launched before the first wait, last
+// bucket first: buckets are formed in reverse registration order, so the
+// last bucket holds the first layers, which the next forward pass needs
+// first (every rank launches in this same order).
+void ShardedOptimizerImpl::launch_gathers(void* stream, bool cast_master) {
+  wait_parameters();  // the gather buffers are about to be rewritten
+  gather_stream_ = stream;
+  for (size_t i = buckets_.size(); i-- > 0;) {
     Bucket& z = buckets_[i];
     cuda::OptionalDeviceGuard device(z.layout.device);
     const int64_t s = z.shard.shard_numel;
@@ -273,29 +293,54 @@ void ShardedOptimizerImpl::write_parameters(void* stream, bool cast_master) {
       compression::cast_convert(z.layout.device, z.master.data(), DType::kFloat32,
                                 z.gather.at(z.shard.begin), z.layout.dtype, z.owned, 1.f,
                                 stream);
+    z.gather_pending = true;
     if (world_ == 1) continue;
     OpOptions o;
     o.name = opt_.name + " gather bucket " + std::to_string(i);
     o.stream = stream;
-    work[i] = reducer_.group()->allgather_async(z.gather.view().slice(rank_ * s, rank_ * s + s),
-                                                z.gather.view(), o);
+    z.gather_work = reducer_.group()->allgather_async(
+        z.gather.view().slice(rank_ * s, rank_ * s + s), z.gather.view(), o);
   }
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    Bucket& z = buckets_[i];
-    cuda::OptionalDeviceGuard device(z.layout.device);
-    if (work[i]) work[i]->wait();
-    if (z.layout.device.is_cpu()) {
-      dp::unflatten_scale_cpu(z.gather.data(), z.layout.dtype, z.chunks.data(),
-                              z.chunks.size(), 1);
-      continue;
-    }
+}
+
+// Waits for bucket b's all-gather and writes its parameters from it.
+void ShardedOptimizerImpl::finish_gather(size_t b) {
+  Bucket& z = buckets_[b];
+  if (!z.gather_pending) return;
+  cuda::OptionalDeviceGuard device(z.layout.device);
+  WorkPtr work = std::move(z.gather_work);
+  z.gather_pending = false;
+  if (work) work->wait();
+  if (z.layout.device.is_cpu()) {
+    dp::unflatten_scale_cpu(z.gather.data(), z.layout.dtype, z.chunks.data(), z.chunks.size(),
+                            1);
+    return;
+  }
 #if TUTTI_WITH_CUDA
-    kernels::launch_unflatten_scale(
-        z.gather.data(), z.layout.dtype,
-        static_cast<const kernels::UnflattenChunk*>(z.device_chunks.data()),
-        static_cast<int>(z.chunks.size()), 1, static_cast<cudaStream_t>(stream));
+  kernels::launch_unflatten_scale(
+      z.gather.data(), z.layout.dtype,
+      static_cast<const kernels::UnflattenChunk*>(z.device_chunks.data()),
+      static_cast<int>(z.chunks.size()), 1, static_cast<cudaStream_t>(gather_stream_));
 #endif
-  }
+}
+
+void ShardedOptimizerImpl::wait_parameters() {
+  for (size_t b = buckets_.size(); b-- > 0;) finish_gather(b);
+}
+
+void ShardedOptimizerImpl::wait_parameter(int index) {
+  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(param_bucket_.size()),
+                  "ShardedOptimizer '", opt_.name, "': wait_parameter(", index,
+                  "): no such parameter (", param_bucket_.size(), " registered)");
+  // Buckets finish in launch order (the earlier all-gathers complete first
+  // anyway), so a forward pass may ask in any order.
+  const size_t mine = static_cast<size_t>(param_bucket_[static_cast<size_t>(index)]);
+  for (size_t b = buckets_.size(); b-- > mine;) finish_gather(b);
+}
+
+void ShardedOptimizerImpl::write_parameters(void* stream, bool cast_master) {
+  launch_gathers(stream, cast_master);
+  wait_parameters();
 }
 
 std::vector<Tensor> ShardedOptimizerImpl::gradient_shards() const { return grads_; }
@@ -329,6 +374,8 @@ int64_t ShardedOptimizer::state_bytes() const { return impl_->state_bytes(); }
 int64_t ShardedOptimizer::unsharded_state_bytes() const {
   return impl_->unsharded_state_bytes();
 }
+void ShardedOptimizer::wait_parameters() { impl_->wait_parameters(); }
+void ShardedOptimizer::wait_parameter(int index) { impl_->wait_parameter(index); }
 StateDict ShardedOptimizer::state_dict() { return impl_->state_dict(); }
 void ShardedOptimizer::on_state_loaded() { impl_->write_parameters(nullptr, true); }
 StateDict ShardedOptimizer::consolidate() { return impl_->consolidate(); }

@@ -51,6 +51,8 @@ struct Bucket {
   cuda::DeviceBuffer device_chunks;
 #endif
   std::vector<int> slot_params;  // slot s -> reducer parameter index
+  WorkPtr gather_work;           // the all-gather in flight
+  bool gather_pending = false;   // launched, parameters not written yet
   // consolidate(): the whole bucket's master and states (allocated lazily).
   dp::FusionBuffer full_master;
   std::vector<dp::FusionBuffer> full_states;
@@ -72,6 +74,10 @@ class ShardedOptimizerImpl {
   // Block r of every bucket's gather buffer = round(master); all-gather;
   // copy into the parameters.  CUDA: on `stream`.
   void write_parameters(void* stream, bool cast_master);
+  void launch_gathers(void* stream, bool cast_master);
+  void finish_gather(size_t bucket);
+  void wait_parameters();
+  void wait_parameter(int index);
   StateDict state_dict();
   StateDict consolidate();
   int64_t state_bytes() const;
@@ -94,6 +100,8 @@ class ShardedOptimizerImpl {
   int world_ = 1;
   int rank_ = 0;
   int64_t reduced_steps_ = 0;  // reducer.stats().steps at the last step()
+  void* gather_stream_ = nullptr;  // the stream the all-gathers were launched on
+  std::vector<int> param_bucket_;  // reducer parameter index -> bucket
   HostBufferPool pool_;
   // The step's argument lists (views), built once.
   std::vector<Tensor> params_, grads_, copies_;

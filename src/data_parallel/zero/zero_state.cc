@@ -43,6 +43,7 @@ StateDict ShardedOptimizerImpl::state_dict() {
 // Every bucket's master weights and states gathered whole (allgatherv of
 // the uneven shards), then viewed per parameter.
 StateDict ShardedOptimizerImpl::consolidate() {
+  wait_parameters();
   StateDict out;
   const std::vector<std::string> names = zero::state_names(hyper_.kind);
   for (size_t i = 0; i < buckets_.size(); ++i) {
