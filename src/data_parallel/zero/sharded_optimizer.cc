@@ -126,6 +126,10 @@ std::string ShardedOptimizerImpl::validate() const {
     return who + ": reduce_dtype " + dtype_name(opt_.reduce_dtype) +
            " (expected float32, float16 or bfloat16)";
   for (const BucketLayout& l : reducer_.buckets()) {
+    if (l.device != reducer_.buckets().front().device)
+      return who + ": bucket " + std::to_string(l.id) + " is on " + l.device.str() +
+             " but bucket 0 on " + reducer_.buckets().front().device.str() +
+             " (expected every parameter on one device: one fused step)";
     if (!is_float(l.dtype))
       return who + ": bucket " + std::to_string(l.id) + " holds " + dtype_name(l.dtype) +
              " gradients (expected float32, float16 or bfloat16)";
