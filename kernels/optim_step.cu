@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/cuda_utils.h"
 #include "kernels/amp_elementwise.cuh"
+#include "optim/cuda_optim.h"
 
 namespace tutti {
 namespace optim {
@@ -31,15 +32,13 @@ __device__ __forceinline__ void store_copy(void* p, uint8_t dtype, int64_t i,
   }
 }
 
+// One chunk [begin, end) of one parameter.  Everything arrives by value:
+// taking the address of the kernel's argument table could make the compiler
+// copy its 4 KiB to local memory.
 template <typename G>
-__device__ void step_chunk(const OptTable& t, const Coeffs& c, int slot,
-                           int64_t begin, int64_t end) {
-  float* const param = t.param[slot];
-  const void* const grad = t.grad[slot];
-  float* const s0 = t.state0[slot];
-  float* const s1 = t.state1[slot];
-  void* const copy = t.copy[slot];
-  const uint8_t copy_dtype = t.copy_dtype[slot];
+__device__ __forceinline__ void step_chunk(float* param, const void* grad, float* s0,
+                                          float* s1, void* copy, uint8_t copy_dtype,
+                                          const Coeffs c, int64_t begin, int64_t end) {
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     float p = param[i];
     const float g = __fmul_rn(load_grad<G>(grad, i), c.grad_scale);
@@ -64,34 +63,23 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * OptTable::kChunk;
   const int64_t n = t.numel[slot];
   const int64_t end = begin + OptTable::kChunk < n ? begin + OptTable::kChunk : n;
+  float* const param = t.param[slot];
+  const void* const grad = t.grad[slot];
+  float* const s0 = t.state0[slot];
+  float* const s1 = t.state1[slot];
+  void* const copy = t.copy[slot];
+  const uint8_t cd = t.copy_dtype[slot];
   switch (t.grad_dtype[slot]) {
-    case amp::kMtaF32: step_chunk<float>(t, c, slot, begin, end); break;
-    case amp::kMtaF16: step_chunk<__half>(t, c, slot, begin, end); break;
-    default: step_chunk<__nv_bfloat16>(t, c, slot, begin, end); break;
+    case amp::kMtaF32: step_chunk<float>(param, grad, s0, s1, copy, cd, c, begin, end); break;
+    case amp::kMtaF16: step_chunk<__half>(param, grad, s0, s1, copy, cd, c, begin, end); break;
+    default: step_chunk<__nv_bfloat16>(param, grad, s0, s1, copy, cd, c, begin, end); break;
   }
 }
 
 }  // namespace
 
 void launch_optim_step(const OptTable& t, const Coeffs& c, cudaStream_t stream) {
-  TUTTI_ARG_CHECK(t.n_blocks > 0 && t.n_blocks <= OptTable::kMaxBlocks,
-                  "optim_step: ", t.n_blocks, " blocks (1..", OptTable::kMaxBlocks, ")");
-  TUTTI_ARG_CHECK(t.n_tensors > 0 && t.n_tensors <= OptTable::kMaxTensors,
-                  "optim_step: ", t.n_tensors, " tensors (1..", OptTable::kMaxTensors, ")");
-  TUTTI_ARG_CHECK(c.kind <= 2, "optim_step: optimizer kind code ", int(c.kind));
-  for (int b = 0; b < t.n_blocks; ++b)
-    TUTTI_ARG_CHECK(t.block_slot[b] < t.n_tensors, "optim_step: block ", b,
-                    " names slot ", int(t.block_slot[b]), " of ", t.n_tensors);
-  const bool needs_s0 = c.kind != 0 || c.has_momentum;
-  for (int s = 0; s < t.n_tensors; ++s) {
-    TUTTI_ARG_CHECK(t.grad_dtype[s] <= amp::kMtaBF16 && t.copy_dtype[s] <= amp::kMtaBF16,
-                    "optim_step: slot ", s, " has dtype codes ", int(t.grad_dtype[s]),
-                    "/", int(t.copy_dtype[s]));
-    TUTTI_ARG_CHECK(t.param[s] && t.grad[s] && (t.state0[s] || !needs_s0) &&
-                        (t.state1[s] || c.kind == 0),
-                    "optim_step: slot ", s, " lacks a parameter, gradient or state "
-                    "pointer the step needs");
-  }
+  check_opt_table(t, c);
   optim_step_kernel<<<t.n_blocks, kThreads, 0, stream>>>(t, c);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)

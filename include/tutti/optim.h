@@ -20,7 +20,7 @@
 // The CUDA kernel runs the same expression and matches the host path bit for
 // bit.  Host lists run a vectorised loop; CUDA lists run one multi-tensor
 // launch per ~300 chunks of 64 Ki elements, enqueued on the given stream
-// without waiting and without allocating.
+// without waiting and without allocating device memory.
 #pragma once
 
 #include <cstdint>

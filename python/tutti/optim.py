@@ -8,7 +8,7 @@
 One pass updates every float32 parameter and its float32 state tensors in
 place with torch.optim.{SGD,Adam,AdamW}'s single-tensor arithmetic
 (``foreach=False``, ``amsgrad=False``): ``states[i]`` is ``[momentum_buffer]``
-for SGD (may be ``[]`` without momentum) and ``[exp_avg, exp_avg_sq]`` for
+for SGD (may be ``[]``, or ``states`` None, without momentum) and ``[exp_avg, exp_avg_sq]`` for
 Adam/AdamW, zero before step 1.  ``step`` is the 1-based number of this
 update (Adam's bias correction; for SGD, step 1 initialises the momentum
 buffer to the gradient as torch does).  Gradients may be float32, float16 or
@@ -30,7 +30,8 @@ def num_states(kind: str) -> int:
     return int(_C.optim.num_states(kind))
 
 
-def step(params: Sequence[Any], grads: Sequence[Any], states: Sequence[Sequence[Any]], *,
+def step(params: Sequence[Any], grads: Sequence[Any],
+         states: Optional[Sequence[Sequence[Any]]], *,
          kind: str = "adam", lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
          eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0,
          dampening: float = 0.0, nesterov: bool = False, maximize: bool = False,
@@ -45,7 +46,8 @@ def step(params: Sequence[Any], grads: Sequence[Any], states: Sequence[Sequence[
     if kind not in KINDS:
         raise ValueError(f"tutti.optim.step: kind {kind!r} is not one of {KINDS}")
     beta1, beta2 = betas
-    _C.optim.step(list(params), list(grads), [list(s) for s in states], kind=kind, lr=lr,
+    state_lists = [] if states is None else [list(s) for s in states]
+    _C.optim.step(list(params), list(grads), state_lists, kind=kind, lr=lr,
                   momentum=momentum, dampening=dampening, nesterov=nesterov, beta1=beta1,
                   beta2=beta2, eps=eps, weight_decay=weight_decay, maximize=maximize,
                   step=step, grad_scale=grad_scale,

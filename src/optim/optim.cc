@@ -134,43 +134,47 @@ void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
   for (size_t i = 0; i < n; ++i) {
     const Tensor& p = params[i];
     const Tensor& g = grads[i];
-    const std::string id = op + who(i, names);
-    TUTTI_ARG_CHECK(p.dtype() == DType::kFloat32, id, " is ", p.str(),
+    TUTTI_ARG_CHECK(p.dtype() == DType::kFloat32, op, who(i, names), " is ", p.str(),
                     "; master parameters are float32");
-    TUTTI_ARG_CHECK(float_dtype(g.dtype()), id, ": gradient ", g.str(),
+    TUTTI_ARG_CHECK(float_dtype(g.dtype()), op, who(i, names), ": gradient ", g.str(),
                     " must be float32, float16 or bfloat16");
-    // Every tensor of entry i against parameter #0's device and numel.
-    std::vector<std::pair<const char*, const Tensor*>> all = {{"parameter", &p},
-                                                              {"gradient", &g}};
+    // Every tensor of entry i against parameter #0's device and numel (a
+    // fixed array: the checks allocate nothing unless one fails).
+    struct Role {
+      const char* name;
+      const Tensor* t;
+    };
+    Role all[5] = {{"parameter", &p}, {"gradient", &g}};
+    int count = 2;
     if (!states.empty()) {
       const std::vector<Tensor>& st = states[i];
-      TUTTI_ARG_CHECK(st.size() == want || (stateless && st.empty()), id, " has ",
+      TUTTI_ARG_CHECK(st.size() == want || (stateless && st.empty()), op, who(i, names), " has ",
                       st.size(), " state tensors; ", kind_name(hyper.kind),
                       " keeps ", want, stateless ? " (or 0 without momentum)" : "");
       for (size_t k = 0; k < st.size(); ++k) {
-        TUTTI_ARG_CHECK(st[k].dtype() == DType::kFloat32, id, ": state ", k, " is ",
+        TUTTI_ARG_CHECK(st[k].dtype() == DType::kFloat32, op, who(i, names), ": state ", k, " is ",
                         st[k].str(), "; optimizer state is float32");
-        all.push_back({k == 0 ? "state 0" : "state 1", &st[k]});
+        all[count++] = {k == 0 ? "state 0" : "state 1", &st[k]};
       }
     }
     if (!model_copies.empty()) {
-      TUTTI_ARG_CHECK(float_dtype(model_copies[i].dtype()), id, ": model copy ",
+      TUTTI_ARG_CHECK(float_dtype(model_copies[i].dtype()), op, who(i, names), ": model copy ",
                       model_copies[i].str(), " must be float32, float16 or bfloat16");
-      all.push_back({"model copy", &model_copies[i]});
+      all[count++] = {"model copy", &model_copies[i]};
     }
-    for (size_t a = 0; a < all.size(); ++a) {
-      const Tensor& t = *all[a].second;
-      TUTTI_ARG_CHECK(t.device() == device, id, ": ", all[a].first, " is on ",
+    for (int a = 0; a < count; ++a) {
+      const Tensor& t = *all[a].t;
+      TUTTI_ARG_CHECK(t.device() == device, op, who(i, names), ": ", all[a].name, " is on ",
                       t.device().str(), " but parameter #0 is on ", device.str(),
                       "; one step runs on one device");
-      TUTTI_ARG_CHECK(t.numel() == p.numel(), id, ": ", all[a].first, " ", t.str(),
+      TUTTI_ARG_CHECK(t.numel() == p.numel(), op, who(i, names), ": ", all[a].name, " ", t.str(),
                       " has ", t.numel(), " elements, the parameter ", p.str(),
                       " has ", p.numel());
-      TUTTI_ARG_CHECK(t.data() != nullptr || t.numel() == 0, id, ": ", all[a].first,
+      TUTTI_ARG_CHECK(t.data() != nullptr || t.numel() == 0, op, who(i, names), ": ", all[a].name,
                       " has no data");
-      for (size_t b = 0; b < a; ++b)
-        TUTTI_ARG_CHECK(!overlap(t, *all[b].second), id, ": ", all[a].first,
-                        " overlaps the ", all[b].first);
+      for (int b = 0; b < a; ++b)
+        TUTTI_ARG_CHECK(!overlap(t, *all[b].t), op, who(i, names), ": ", all[a].name,
+                        " overlaps the ", all[b].name);
     }
     Entry& e = entries[i];
     e.param = p.data_as<float>();

@@ -38,7 +38,8 @@ struct Coeffs {
   float momentum;          // SGD: buf = fma(g, 1-d, buf*mom)  (buf.mul_(m).add_(g, alpha=1-d))
   float one_minus_dampening;
   float lerp_coeff;        // Adam: m = fma(lerp_coeff, g - m, lerp_small ? m : g)
-  float beta2;             //       v = fma((1-b2)*g, g, v*b2) (v.mul_(b2).addcmul_(g, g, value=1-b2))
+  float beta2;             //       v = fma((1-b2)*g, g, v*b2)
+                           //       (v.mul_(b2).addcmul_(g, g, value=1-b2))
   float one_minus_beta2;
   float bc2_sqrt;          //       denom = sqrt(v) / bc2_sqrt + eps
   float eps;

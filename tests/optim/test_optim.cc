@@ -6,13 +6,17 @@
 // parameter.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "optim/cpu_optim.h"
+#include "optim/cuda_optim.h"
 #include "optim_test_util.h"
 #include "tutti/error.h"
 #include "tutti/optim.h"
@@ -200,7 +204,9 @@ TEST(OptimDtypes, MixedGradientsScaleAndModelCopies) {
         const float x = g32[i] * (k + 1);
         if (k == 1) g16[k][i] = float_to_half(x);
         if (k == 2) g16[k][i] = float_to_bfloat16(x);
-        const float w = k == 0 ? x : k == 1 ? half_to_float(g16[k][i]) : bfloat16_to_float(g16[k][i]);
+        const float w = k == 0   ? x
+                        : k == 1 ? half_to_float(g16[k][i])
+                                 : bfloat16_to_float(g16[k][i]);
         wide[k][i] = w * scale;
       }
     }
@@ -362,6 +368,107 @@ TEST(OptimErrors, SgdWithoutMomentumNeedsNoStateAndEmptyListsAreNoOps) {
   step({}, {}, {}, Hyper());
   EXPECT_EQ(num_states(Kind::kSgd), 1);
   EXPECT_EQ(num_states(Kind::kAdamW), 2);
+}
+
+// ---- the CUDA path's host side (no GPU needed) ----------------------------------
+
+// Fake, never dereferenced addresses: entry i's tensors at distinct values.
+template <typename P>
+P* fake(int64_t i, int k) {
+  return reinterpret_cast<P*>(static_cast<uintptr_t>(0x100000 * (i + 1) + 0x1000 * k));
+}
+
+// The launch tables of a long list with sizes 0, 1, chunk boundaries and a
+// parameter longer than a launch: every chunk of every entry appears in
+// exactly one block, each slot carries its entry's pointers and dtypes, and
+// every table passes the launcher's check.
+TEST(OptimLaunchPlan, TablesCoverEveryChunkOnceWithTheEntrysPointers) {
+  const int64_t c = OptTable::kChunk;
+  std::vector<int64_t> sizes = {0, 1, c - 1, c, c + 1, (OptTable::kMaxBlocks + 2) * c + 3};
+  for (int i = 0; i < 100; ++i) sizes.push_back(1 + (i * 7919) % (3 * c));
+  std::vector<Entry> entries(sizes.size());
+  std::map<const void*, size_t> index_of;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Entry& e = entries[i];
+    e.param = fake<float>(i, 0);
+    e.grad = fake<const void>(i, 1);
+    e.state0 = fake<float>(i, 2);
+    e.state1 = fake<float>(i, 3);
+    e.copy = i % 2 ? fake<void>(i, 4) : nullptr;
+    e.numel = sizes[i];
+    e.grad_dtype = i % 3 == 0 ? DType::kFloat32 : i % 3 == 1 ? DType::kFloat16 : DType::kBFloat16;
+    e.copy_dtype = DType::kBFloat16;
+    index_of[e.param] = i;
+  }
+  Hyper h;
+  const Coeffs coeffs = make_coeffs(h, 1.f);
+  const std::vector<amp::MtaEntry> plan = plan_entries(entries);
+  amp::MtaPlanner planner(plan);
+  amp::MtaTable mta;
+  OptTable t;
+  std::vector<std::vector<int>> seen(sizes.size());
+  int launches = 0;
+  while (planner.next(&mta)) {
+    ++launches;
+    fill_opt_table(mta, entries, &t);
+    ASSERT_NO_THROW(check_opt_table(t, coeffs));
+    for (int b = 0; b < t.n_blocks; ++b) {
+      const int slot = t.block_slot[b];
+      const size_t i = index_of.at(t.param[slot]);
+      const Entry& e = entries[i];
+      ASSERT_EQ(t.grad[slot], e.grad);
+      ASSERT_EQ(t.state0[slot], e.state0);
+      ASSERT_EQ(t.state1[slot], e.state1);
+      ASSERT_EQ(t.copy[slot], e.copy);
+      ASSERT_EQ(t.numel[slot], e.numel);
+      ASSERT_EQ(t.grad_dtype[slot], static_cast<uint8_t>(e.grad_dtype));
+      ASSERT_EQ(t.copy_dtype[slot], static_cast<uint8_t>(e.copy_dtype));
+      seen[i].push_back(t.block_chunk[b]);
+    }
+  }
+  EXPECT_GT(launches, 3);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<int> want(static_cast<size_t>(amp::mta_chunks(sizes[i])));
+    for (size_t k = 0; k < want.size(); ++k) want[k] = static_cast<int>(k);
+    std::sort(seen[i].begin(), seen[i].end());
+    ASSERT_EQ(seen[i], want) << "entry " << i << " of " << sizes[i] << " elements";
+  }
+}
+
+TEST(OptimLaunchPlan, LauncherCheckRejectsBadTables) {
+  std::vector<Entry> entries(1);
+  entries[0] = Entry{fake<float>(0, 0), fake<const void>(0, 1), fake<float>(0, 2),
+                     fake<float>(0, 3), nullptr, 10, DType::kFloat32, DType::kFloat32};
+  const std::vector<amp::MtaEntry> plan = plan_entries(entries);
+  amp::MtaPlanner planner(plan);
+  amp::MtaTable mta;
+  ASSERT_TRUE(planner.next(&mta));
+  OptTable t;
+  fill_opt_table(mta, entries, &t);
+  Hyper adam;
+  const Coeffs c = make_coeffs(adam, 1.f);
+  ASSERT_NO_THROW(check_opt_table(t, c));
+  auto rejects = [&](OptTable bad, const Coeffs& cc, const char* needle) {
+    expect_invalid([&] { check_opt_table(bad, cc); }, {"optim_step", needle});
+  };
+  OptTable bad = t;
+  bad.n_blocks = 0;
+  rejects(bad, c, "0 blocks");
+  bad = t;
+  bad.block_slot[0] = 1;
+  rejects(bad, c, "names slot 1 of 1");
+  bad = t;
+  bad.state1[0] = nullptr;
+  rejects(bad, c, "slot 0 lacks");
+  bad = t;
+  bad.grad_dtype[0] = 3;
+  rejects(bad, c, "dtype codes 3/0");
+  // SGD without momentum needs no state pointers at all.
+  Hyper sgd;
+  sgd.kind = Kind::kSgd;
+  bad = t;
+  bad.state0[0] = bad.state1[0] = nullptr;
+  EXPECT_NO_THROW(check_opt_table(bad, make_coeffs(sgd, 1.f)));
 }
 
 }  // namespace

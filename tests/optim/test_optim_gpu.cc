@@ -130,7 +130,8 @@ void step_both(Case* k, const Hyper& h, float grad_scale, bool copies, cudaStrea
 
 void expect_same(const Case& k, const char* what) {
   for (size_t i = 0; i < k.p.size(); ++i) {
-    ASSERT_EQ(k.dp[i]->to_host(), k.p[i].bytes) << what << ": parameter #" << i << " (" << k.p[i].n << ")";
+    ASSERT_EQ(k.dp[i]->to_host(), k.p[i].bytes)
+        << what << ": parameter #" << i << " (" << k.p[i].n << ")";
     ASSERT_EQ(k.ds0[i]->to_host(), k.s0[i].bytes) << what << ": state 0 of #" << i;
     ASSERT_EQ(k.ds1[i]->to_host(), k.s1[i].bytes) << what << ": state 1 of #" << i;
     ASSERT_EQ(k.dc[i]->to_host(), k.c[i].bytes) << what << ": copy of #" << i;

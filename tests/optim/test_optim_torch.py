@@ -203,3 +203,6 @@ def test_errors_name_the_parameter():
     with pytest.raises(ValueError, match="kind"):
         tutti.optim.step(p, g, st, kind="lamb")
     assert tutti.optim.num_states("sgd") == 1 and tutti.optim.num_states("adamw") == 2
+    q = torch.ones(3)
+    tutti.optim.step([q], [torch.full((3,), 2.0)], None, kind="sgd", lr=0.25)  # no state
+    assert torch.equal(q, torch.full((3,), 0.5))
