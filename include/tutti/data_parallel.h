@@ -62,6 +62,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -172,6 +173,14 @@ struct ReducerStats {
 class Reducer;
 class ReducerImpl;
 
+// A collective that replaces a bucket's sum all-reduce (Reducer::
+// set_bucket_collective): `flat` is bucket `bucket`'s buffer padded with
+// zeros to a multiple of the group size; `options` names the bucket and, for
+// CUDA buckets, carries the stream the bucket is ready on.  Returns the Work
+// synchronize() waits for.
+using BucketCollective =
+    std::function<WorkPtr(int bucket, const Tensor& flat, const OpOptions& options)>;
+
 // While alive, backward passes accumulate locally: grad_ready() only records
 // which gradients were produced and synchronize() returns false without
 // communicating.  Nestable.  Open it between passes (not after some
@@ -271,6 +280,22 @@ class TUTTI_API Reducer : public Stateful {
                        void* stream = nullptr);
   void broadcast_state(Stateful& component, int root = 0,
                        void* stream = nullptr);
+
+  // Replaces every bucket's sum all-reduce with `fn` (the sharded
+  // optimizer's reduce-scatter, tutti/zero.h); null restores the all-reduce.
+  // synchronize() then waits for fn's Work and leaves the bucket and the
+  // registered gradients as they are (no division, no write-back): fn's
+  // owner consumes the result.  Only in the plain mode (no compressor, not
+  // hierarchical, gradient_predivide_factor 1, op kAvg): kInvalidArgument
+  // otherwise.  After build(), between steps; fn runs on the thread that
+  // launches the bucket (grad_ready or synchronize), under the reducer's
+  // lock, so it must not call back into the reducer.
+  void set_bucket_collective(BucketCollective fn);
+
+  // The index of the parameter registered as `name`, and parameter `index`
+  // as registered (kInvalidArgument if there is none).
+  int parameter_index(const std::string& name) const;
+  Tensor parameter(int index) const;
 
   // The bucket plan (after build()): bucket i is all-reduced i-th.
   const std::vector<BucketLayout>& buckets() const;

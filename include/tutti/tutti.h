@@ -22,3 +22,4 @@
 #include "tutti/tensor.h"
 #include "tutti/tensor_parallel.h"
 #include "tutti/timeline.h"
+#include "tutti/zero.h"

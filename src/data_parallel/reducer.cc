@@ -175,7 +175,10 @@ void ReducerImpl::check_plan_agrees() {
 
 void ReducerImpl::allocate_bucket(Bucket& b) {
   const BucketLayout& l = b.plan.layout;
-  const int64_t padded = hier_ ? hier_->padded_numel(l.numel) : l.numel;
+  // Plain mode: padded to a multiple of the group size (zeros), so that a
+  // bucket collective (set_bucket_collective) can reduce-scatter it.
+  const int64_t w = group_->size();
+  const int64_t padded = hier_ ? hier_->padded_numel(l.numel) : (l.numel + w - 1) / w * w;
   if (!b.buffer) b.buffer = std::make_shared<dp::FusionBuffer>();
   if (b.buffer->allocate(l.device, l.dtype, padded, pool_)) ++stats_.buffer_allocations;
   if (hier_ && hier_->shard_numel(padded) > 0 &&
@@ -357,6 +360,35 @@ const char* ReducerImpl::mode_name() const {
   return "?";
 }
 
+void ReducerImpl::set_bucket_collective(BucketCollective fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_built("set_bucket_collective()");
+  TUTTI_ARG_CHECK(!step_in_flight(), "Reducer '", opt_.name,
+                  "': set_bucket_collective() during a backward pass");
+  TUTTI_ARG_CHECK(!fn || (mode_ == Mode::kFlat && opt_.op == ReduceOp::kAvg &&
+                          opt_.gradient_predivide_factor == 1.0),
+                  "Reducer '", opt_.name, "': a bucket collective needs the plain "
+                  "all-reduce mode (no compressor, hierarchical=false, op kAvg, "
+                  "gradient_predivide_factor 1); this reducer is ", mode_name());
+  collective_ = std::move(fn);
+}
+
+int ReducerImpl::parameter_index(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_name_.find(name);
+  TUTTI_ARG_CHECK(it != by_name_.end(), "Reducer '", opt_.name,
+                  "': no parameter named '", name, "'");
+  return it->second;
+}
+
+Tensor ReducerImpl::parameter(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(params_.size()),
+                  "Reducer '", opt_.name, "': parameter(", index,
+                  "): no such parameter (", params_.size(), " registered)");
+  return params_[static_cast<size_t>(index)].param;
+}
+
 void ReducerImpl::require_built(const char* what) const {
   TUTTI_ARG_CHECK(built_, "Reducer '", opt_.name, "': ", what,
                   " before build(); register the parameters and call build() first");
@@ -460,6 +492,13 @@ void Reducer::broadcast_state(Stateful& component, int root, void* stream) {
   impl_->broadcast_state(component.state_dict(), root, stream);
   if (impl_->group_->rank() != root) component.on_state_loaded();
 }
+void Reducer::set_bucket_collective(BucketCollective fn) {
+  impl_->set_bucket_collective(std::move(fn));
+}
+int Reducer::parameter_index(const std::string& name) const {
+  return impl_->parameter_index(name);
+}
+Tensor Reducer::parameter(int index) const { return impl_->parameter(index); }
 const std::vector<BucketLayout>& Reducer::buckets() const { return impl_->layouts_; }
 int Reducer::num_parameters() const { return impl_->num_parameters(); }
 bool Reducer::next_pass_reduces() const { return impl_->next_pass_reduces(); }

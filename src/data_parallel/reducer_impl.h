@@ -113,6 +113,9 @@ class ReducerImpl {
   ReducerStats stats() const;
   // The reducing-step counter (Reducer::state_dict views it).
   int64_t* step_counter() { return &step_; }
+  void set_bucket_collective(BucketCollective fn);
+  int parameter_index(const std::string& name) const;
+  Tensor parameter(int index) const;
   void set_grad_scale(float scale) {
     std::lock_guard<std::mutex> lock(mu_);
     grad_scale_ = scale;
@@ -174,6 +177,7 @@ class ReducerImpl {
   int no_sync_depth_ = 0;
   int64_t step_ = 0;
   float grad_scale_ = 1.0f;  // Reducer::set_gradient_scale
+  BucketCollective collective_;  // replaces the all-reduce (ZeRO-2)
   ReducerStats stats_;
   HostBufferPool pool_;
   std::unique_ptr<dp::HierarchicalAllreduce> hier_;

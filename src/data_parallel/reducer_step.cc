@@ -186,10 +186,14 @@ void ReducerImpl::launch(int index, bool early) {
     worker_->enqueue(index);
     return;
   }
-  if (group_->size() == 1) return;  // the sum over one rank is the bucket
   OpOptions o;
   o.name = b.op_name;
   o.stream = b.stream;
+  if (collective_) {
+    b.work = collective_(index, b.buffer->view(), o);
+    return;
+  }
+  if (group_->size() == 1) return;  // the sum over one rank is the bucket
   b.work = group_->allreduce_async(b.buffer->view(b.plan.layout.numel),
                                    ReduceOp::kSum, o);
 }
@@ -292,13 +296,14 @@ void ReducerImpl::write_back(Bucket& b, void* stream) {
   // gradient_as_bucket_view: the chunks point into the bucket itself; a sum
   // is already in place.
   const bool in_place = opt_.gradient_as_bucket_view;
-  const bool nothing_to_do = in_place && divisor() == 1;
+  // A bucket collective's owner consumes the result (set_bucket_collective).
+  const bool nothing_to_do = (in_place && divisor() == 1) || collective_;
   // A post divisor W / f that is not a whole number: divide the bucket
   // first (Horovod's postscale), then write back without dividing.
   const bool divide_first = static_cast<double>(divisor()) != post_divisor();
   if (divide_first && l.device.is_cpu()) divide_bucket(b, post_divisor(), nullptr);
   if (nothing_to_do && l.device.is_cpu()) return;
-  if (!in_place) stats_.bytes_copied_out += static_cast<int64_t>(b.plan.bytes);
+  if (!in_place && !collective_) stats_.bytes_copied_out += static_cast<int64_t>(b.plan.bytes);
   if (l.device.is_cpu()) {
     dp::unflatten_scale_cpu(b.buffer->data(), l.dtype, b.chunks.data(),
                             b.chunks.size(), divisor());

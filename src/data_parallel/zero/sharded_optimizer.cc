@@ -1,0 +1,387 @@
+// ShardedOptimizer: shard layout, the stage-2 reduce-scatter hook and the
+// step (update the shard, all-gather the parameters).  See zero_impl.h.
+#include <algorithm>
+#include <cstdio>
+
+#include "compression/cast.h"
+#include "core/check.h"
+#include "core/cuda_utils.h"
+#include "data_parallel/list_agreement.h"
+#include "data_parallel/zero/zero_impl.h"
+#include "tutti/log.h"
+
+namespace tutti {
+
+using zero::Bucket;
+using zero::Piece;
+
+namespace zero {
+
+std::vector<std::string> state_names(optim::Kind kind) {
+  if (kind == optim::Kind::kSgd) return {"momentum_buffer"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+}  // namespace zero
+
+namespace {
+
+bool is_float(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+
+std::string num(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// The options and hyper-parameters every rank must share, one item each.
+std::vector<std::string> describe(const ShardedOptimizerOptions& o,
+                                  const optim::Hyper& h) {
+  return {"stage=" + std::to_string(o.stage),
+          std::string("reduce_dtype=") + dtype_name(o.reduce_dtype),
+          std::string("overlap_all_gather=") + (o.overlap_all_gather ? "true" : "false"),
+          "name=" + o.name,
+          std::string("kind=") + optim::kind_name(h.kind),
+          "lr=" + num(h.lr),
+          "momentum=" + num(h.momentum),
+          "dampening=" + num(h.dampening),
+          std::string("nesterov=") + (h.nesterov ? "true" : "false"),
+          "beta1=" + num(h.beta1),
+          "beta2=" + num(h.beta2),
+          "eps=" + num(h.eps),
+          "weight_decay=" + num(h.weight_decay),
+          std::string("maximize=") + (h.maximize ? "true" : "false")};
+}
+
+}  // namespace
+
+ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper& hyper,
+                                           ShardedOptimizerOptions options)
+    : reducer_(reducer), hyper_(hyper), opt_(std::move(options)) {
+  world_ = reducer_.group()->size();
+  rank_ = reducer_.group()->rank();
+  // Local problems are agreed on before anyone throws, so a rank whose
+  // setup is wrong fails together with its peers instead of leaving them
+  // in a collective (the reducer's own agreement check does the same).
+  const std::string local_error = validate();
+  check_agreement(local_error);
+  if (!local_error.empty()) TUTTI_THROW(kInvalidArgument, local_error);
+  for (int b = 0; b < static_cast<int>(reducer_.buckets().size()); ++b) setup_bucket(b);
+  build_step_lists();
+  reduced_steps_ = reducer_.stats().steps;
+  if (opt_.stage == 2)
+    reducer_.set_bucket_collective([this](int b, const Tensor& flat, const OpOptions& o) {
+      return reduce_scatter(b, flat, o);
+    });
+}
+
+ShardedOptimizerImpl::~ShardedOptimizerImpl() {
+  // An all-gather still in flight (overlap_all_gather) writes into a buffer
+  // freed below.
+  for (Bucket& z : buckets_) {
+    if (!z.gather_work) continue;
+    try {
+      cuda::OptionalDeviceGuard device(z.layout.device);
+      z.gather_work->wait();
+    } catch (const std::exception& e) {
+      TUTTI_LOG(kError) << "ShardedOptimizer '" << opt_.name
+                        << "': an all-gather failed at destruction: " << e.what();
+    }
+  }
+  if (opt_.stage != 2) return;
+  try {
+    reducer_.set_bucket_collective(nullptr);
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kError) << "ShardedOptimizer '" << opt_.name
+                      << "': could not restore the reducer's all-reduce: " << e.what();
+  }
+}
+
+// The first thing wrong with this rank's setup, or "".
+std::string ShardedOptimizerImpl::validate() const {
+  const std::string who = "ShardedOptimizer '" + opt_.name + "'";
+  if (opt_.stage != 1 && opt_.stage != 2)
+    return who + ": stage " + std::to_string(opt_.stage) + " (expected 1 or 2)";
+  if (reducer_.num_parameters() == 0) return who + ": the reducer has no parameters";
+  if (reducer_.buckets().empty())
+    return who + ": constructed before reducer.build() (reducer '" +
+           reducer_.options().name + "' has " + std::to_string(reducer_.num_parameters()) +
+           " parameters but no buckets yet); call build() first";
+  if (reducer_.options().learn_bucket_order)
+    return who + ": reducer '" + reducer_.options().name +
+           "' has learn_bucket_order=true, which re-plans the buckets after the first "
+           "step; the shards follow the bucket layout: set "
+           "ReducerOptions::learn_bucket_order=false";
+  if (opt_.stage == 2 &&
+      (reducer_.options().compressor || reducer_.options().hierarchical ||
+       reducer_.options().gradient_predivide_factor != 1.0 ||
+       reducer_.options().op != ReduceOp::kAvg))
+    return who + ": stage 2 replaces the all-reduce by a reduce-scatter and needs the "
+           "reducer's plain mode (no compressor, hierarchical=false, op kAvg, "
+           "gradient_predivide_factor 1); use reduce_dtype for compression";
+  if (opt_.reduce_dtype != DType::kFloat32 && opt_.reduce_dtype != DType::kFloat16 &&
+      opt_.reduce_dtype != DType::kBFloat16)
+    return who + ": reduce_dtype " + dtype_name(opt_.reduce_dtype) +
+           " (expected float32, float16 or bfloat16)";
+  for (const BucketLayout& l : reducer_.buckets()) {
+    if (l.device != reducer_.buckets().front().device)
+      return who + ": bucket " + std::to_string(l.id) + " is on " + l.device.str() +
+             " but bucket 0 on " + reducer_.buckets().front().device.str() +
+             " (expected every parameter on one device: one fused step)";
+    if (!is_float(l.dtype))
+      return who + ": bucket " + std::to_string(l.id) + " holds " + dtype_name(l.dtype) +
+             " gradients (expected float32, float16 or bfloat16)";
+    if (opt_.reduce_dtype != DType::kFloat32 && l.dtype != DType::kFloat32 &&
+        l.dtype != opt_.reduce_dtype)
+      return who + ": reduce_dtype " + dtype_name(opt_.reduce_dtype) + " for bucket " +
+             std::to_string(l.id) + " of " + dtype_name(l.dtype) +
+             " gradients (only float32 buckets are cast down)";
+    for (const BucketSlot& s : l.slots) {
+      const Tensor p = reducer_.parameter(reducer_.parameter_index(s.name));
+      if (p.dtype() != l.dtype || p.device() != l.device)
+        return who + ": parameter '" + s.name + "' is " + p.str() + " but its gradient is " +
+               dtype_name(l.dtype) + " on " + l.device.str() +
+               " (expected the same dtype and device)";
+    }
+  }
+  return "";
+}
+
+void ShardedOptimizerImpl::check_agreement(const std::string& local_error) {
+  std::vector<std::string> items = describe(opt_, hyper_);
+  items.push_back("local checks: " + (local_error.empty() ? std::string("passed") : local_error));
+  dp::check_lists_agree(*reducer_.group(), "ShardedOptimizer '" + opt_.name + "'",
+                        {{"setting", std::move(items)}});
+}
+
+void ShardedOptimizerImpl::setup_bucket(int index) {
+  buckets_.emplace_back();
+  Bucket& z = buckets_.back();
+  z.layout = reducer_.buckets()[static_cast<size_t>(index)];
+  const BucketLayout& l = z.layout;
+  const int64_t n = l.numel, s = (n + world_ - 1) / world_;
+  ZeroShard& sh = z.shard;
+  sh.bucket = index;
+  sh.bucket_numel = n;
+  sh.shard_numel = s;
+  sh.begin = std::min<int64_t>(rank_ * s, n);
+  sh.end = std::min<int64_t>(sh.begin + s, n);
+  z.owned = sh.end - sh.begin;
+  shards_.push_back(sh);
+
+  z.master.allocate(l.device, DType::kFloat32, z.owned, pool_);
+  z.states.resize(static_cast<size_t>(optim::num_states(hyper_.kind)));
+  for (auto& st : z.states) st.allocate(l.device, DType::kFloat32, z.owned, pool_);
+  z.gather.allocate(l.device, l.dtype, s * world_, pool_);
+  if (opt_.stage == 2) {
+    z.wire_dtype = opt_.reduce_dtype == DType::kFloat32 ? l.dtype : opt_.reduce_dtype;
+    z.grad.allocate(l.device, z.wire_dtype, s, pool_);
+    if (z.wire_dtype != l.dtype) z.wire.allocate(l.device, z.wire_dtype, s * world_, pool_);
+  }
+  std::vector<dp::UnflattenSlot> slots;
+  for (const BucketSlot& slot : l.slots) {
+    const int pi = reducer_.parameter_index(slot.name);
+    const Tensor p = reducer_.parameter(pi);
+    z.slot_params.push_back(pi);
+    if (param_bucket_.size() <= static_cast<size_t>(pi)) param_bucket_.resize(static_cast<size_t>(pi) + 1, -1);
+    param_bucket_[static_cast<size_t>(pi)] = index;
+    slots.push_back({p.data(), slot.offset, p.numel()});
+    const int64_t a = std::max(slot.offset, sh.begin);
+    const int64_t b = std::min(slot.offset + p.numel(), sh.end);
+    if (a >= b) continue;
+    Piece piece;
+    piece.param = pi;
+    piece.name = slot.name;
+    piece.begin = a;
+    piece.end = b;
+    piece.param_offset = a - slot.offset;
+    // The master weights start as the parameters (after their broadcast).
+    const Tensor src = p.flatten().slice(piece.param_offset, piece.param_offset + (b - a));
+    compression::cast_convert(l.device, src.data(), l.dtype, z.master.at(a - sh.begin),
+                              DType::kFloat32, b - a, 1.f, nullptr);
+    z.pieces.push_back(std::move(piece));
+  }
+  z.chunks = dp::make_unflatten_chunks(l.dtype, slots);
+#if TUTTI_WITH_CUDA
+  if (l.device.is_cuda()) {
+    z.device_chunks = dp::upload_to_device(l.device.index, z.chunks.data(),
+                                           z.chunks.size() * sizeof(z.chunks[0]));
+    cuda::DeviceGuard g(l.device.index);
+    TUTTI_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // the master casts
+  }
+#endif
+}
+
+// The step's lists: stage 2 updates each bucket's shard as one flat tensor
+// (its gradient is one contiguous block); stage 1 goes piece by piece,
+// reading the averaged gradients the reducer wrote back.
+void ShardedOptimizerImpl::build_step_lists() {
+  for (Bucket& z : buckets_) {
+    const int64_t lo = z.shard.begin;
+    auto add = [&](int64_t a, int64_t b, const Tensor& grad, const std::string& name) {
+      params_.push_back(z.master.view(z.owned).slice(a - lo, b - lo));
+      grads_.push_back(grad);
+      copies_.push_back(z.gather.view().slice(a, b));
+      std::vector<Tensor> st;
+      for (auto& s : z.states) st.push_back(s.view(z.owned).slice(a - lo, b - lo));
+      states_.push_back(std::move(st));
+      names_.push_back(name);
+    };
+    if (z.owned == 0) continue;
+    if (opt_.stage == 2) {
+      add(lo, z.shard.end, z.grad.view(z.owned),
+          "bucket " + std::to_string(z.shard.bucket) + " shard");
+      continue;
+    }
+    for (const Piece& p : z.pieces) {
+      const Tensor g = reducer_.gradient(p.param).flatten().slice(
+          p.param_offset, p.param_offset + (p.end - p.begin));
+      add(p.begin, p.end, g, p.name);
+    }
+  }
+}
+
+// Stage 2, on the thread launching bucket `b` (under the reducer's lock):
+// the bucket's average reduce-scattered into z.grad.  With reduce_dtype the
+// bucket is cast down (divided by W on the way, so the sum cannot overflow
+// where the average would not) and summed.
+WorkPtr ShardedOptimizerImpl::reduce_scatter(int b, const Tensor& flat, const OpOptions& o) {
+  Bucket& z = buckets_[static_cast<size_t>(b)];
+  const int64_t s = z.shard.shard_numel;
+  TUTTI_CHECK_EQ(flat.numel(), s * world_, "bucket ", b, " is not padded to W blocks");
+  const auto& group = reducer_.group();
+  if (z.wire_dtype == z.layout.dtype)
+    return group->reduce_scatter_async(flat, z.grad.view(s), ReduceOp::kAvg, o);
+  compression::cast_convert(z.layout.device, flat.data(), z.layout.dtype, z.wire.data(),
+                            z.wire_dtype, flat.numel(), static_cast<float>(world_), o.stream);
+  return group->reduce_scatter_async(z.wire.view(), z.grad.view(s), ReduceOp::kSum, o);
+}
+
+void ShardedOptimizerImpl::step(float grad_scale, void* stream) {
+  // Stage 2's shards are only refreshed by a reducing synchronize(): a
+  // second step() on the same gradients would silently apply them twice.
+  const int64_t reduced = reducer_.stats().steps;
+  TUTTI_ARG_CHECK(reduced > reduced_steps_, "ShardedOptimizer '", opt_.name,
+                  "': step() without a reducing synchronize() since the previous step() "
+                  "(reducer '", reducer_.options().name, "' has reduced ", reduced,
+                  " times); expected one step() per reducing synchronize()");
+  reduced_steps_ = reduced;
+  wait_parameters();  // the previous step's all-gathers (overlap_all_gather)
+  optim::Hyper h = hyper_;
+  h.step = steps_ + 1;
+  if (!params_.empty()) {
+    cuda::OptionalDeviceGuard device(buckets_.front().layout.device);
+    optim::step(params_, grads_, states_, h, grad_scale, copies_, stream, names_);
+  }
+  launch_gathers(stream, false);
+  if (!opt_.overlap_all_gather) wait_parameters();
+  ++steps_;
+}
+
+// Every rank's block of each gather buffer holds its rounded master weights
+// (written by optim::step's model copies, or here when cast_master); one
+// in-place all-gather per bucket, all launched before the first wait, last
+// bucket first: buckets are formed in reverse registration order, so the
+// last bucket holds the first layers, which the next forward pass needs
+// first (every rank launches in this same order).
+void ShardedOptimizerImpl::launch_gathers(void* stream, bool cast_master) {
+  wait_parameters();  // the gather buffers are about to be rewritten
+  gather_stream_ = stream;
+  for (size_t i = buckets_.size(); i-- > 0;) {
+    Bucket& z = buckets_[i];
+    cuda::OptionalDeviceGuard device(z.layout.device);
+    const int64_t s = z.shard.shard_numel;
+    if (cast_master && z.owned > 0)
+      compression::cast_convert(z.layout.device, z.master.data(), DType::kFloat32,
+                                z.gather.at(z.shard.begin), z.layout.dtype, z.owned, 1.f,
+                                stream);
+    z.gather_pending = true;
+    if (world_ == 1) continue;
+    OpOptions o;
+    o.name = opt_.name + " gather bucket " + std::to_string(i);
+    o.stream = stream;
+    z.gather_work = reducer_.group()->allgather_async(
+        z.gather.view().slice(rank_ * s, rank_ * s + s), z.gather.view(), o);
+  }
+}
+
+// Waits for bucket b's all-gather and writes its parameters from it.
+void ShardedOptimizerImpl::finish_gather(size_t b) {
+  Bucket& z = buckets_[b];
+  if (!z.gather_pending) return;
+  cuda::OptionalDeviceGuard device(z.layout.device);
+  WorkPtr work = std::move(z.gather_work);
+  z.gather_pending = false;
+  if (work) work->wait();
+  if (z.layout.device.is_cpu()) {
+    dp::unflatten_scale_cpu(z.gather.data(), z.layout.dtype, z.chunks.data(), z.chunks.size(),
+                            1);
+    return;
+  }
+#if TUTTI_WITH_CUDA
+  kernels::launch_unflatten_scale(
+      z.gather.data(), z.layout.dtype,
+      static_cast<const kernels::UnflattenChunk*>(z.device_chunks.data()),
+      static_cast<int>(z.chunks.size()), 1, static_cast<cudaStream_t>(gather_stream_));
+#endif
+}
+
+void ShardedOptimizerImpl::wait_parameters() {
+  for (size_t b = buckets_.size(); b-- > 0;) finish_gather(b);
+}
+
+void ShardedOptimizerImpl::wait_parameter(int index) {
+  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(param_bucket_.size()),
+                  "ShardedOptimizer '", opt_.name, "': wait_parameter(", index,
+                  "): no such parameter (", param_bucket_.size(), " registered)");
+  // Buckets finish in launch order (the earlier all-gathers complete first
+  // anyway), so a forward pass may ask in any order.
+  const size_t mine = static_cast<size_t>(param_bucket_[static_cast<size_t>(index)]);
+  for (size_t b = buckets_.size(); b-- > mine;) finish_gather(b);
+}
+
+void ShardedOptimizerImpl::write_parameters(void* stream, bool cast_master) {
+  launch_gathers(stream, cast_master);
+  wait_parameters();
+}
+
+std::vector<Tensor> ShardedOptimizerImpl::gradient_shards() const { return grads_; }
+
+int64_t ShardedOptimizerImpl::state_bytes() const {
+  int64_t owned = 0;
+  for (const Bucket& z : buckets_) owned += z.owned;
+  return owned * 4 * static_cast<int64_t>(1 + optim::num_states(hyper_.kind));
+}
+
+int64_t ShardedOptimizerImpl::unsharded_state_bytes() const {
+  int64_t all = 0;
+  for (const Bucket& z : buckets_) all += z.layout.numel;
+  return all * 4 * static_cast<int64_t>(1 + optim::num_states(hyper_.kind));
+}
+
+// ---- the public class ---------------------------------------------------------
+
+ShardedOptimizer::ShardedOptimizer(Reducer& reducer, const optim::Hyper& hyper,
+                                   ShardedOptimizerOptions options)
+    : impl_(new ShardedOptimizerImpl(reducer, hyper, std::move(options))) {}
+ShardedOptimizer::~ShardedOptimizer() = default;
+void ShardedOptimizer::step(float grad_scale, void* stream) { impl_->step(grad_scale, stream); }
+std::vector<Tensor> ShardedOptimizer::gradient_shards() const { return impl_->gradient_shards(); }
+optim::Hyper& ShardedOptimizer::hyper() { return impl_->hyper_; }
+const optim::Hyper& ShardedOptimizer::hyper() const { return impl_->hyper_; }
+int64_t ShardedOptimizer::steps() const { return impl_->steps_; }
+const ShardedOptimizerOptions& ShardedOptimizer::options() const { return impl_->opt_; }
+const std::vector<ZeroShard>& ShardedOptimizer::shards() const { return impl_->shards_; }
+int64_t ShardedOptimizer::state_bytes() const { return impl_->state_bytes(); }
+int64_t ShardedOptimizer::unsharded_state_bytes() const {
+  return impl_->unsharded_state_bytes();
+}
+void ShardedOptimizer::wait_parameters() { impl_->wait_parameters(); }
+void ShardedOptimizer::wait_parameter(int index) { impl_->wait_parameter(index); }
+StateDict ShardedOptimizer::state_dict() { return impl_->state_dict(); }
+void ShardedOptimizer::on_state_loaded() { impl_->write_parameters(nullptr, true); }
+StateDict ShardedOptimizer::consolidate() { return impl_->consolidate(); }
+
+}  // namespace tutti

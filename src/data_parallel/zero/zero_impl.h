@@ -1,0 +1,112 @@
+// The sharded optimizer's state (tutti/zero.h).  sharded_optimizer.cc holds
+// setup and the step; zero_state.cc the checkpoint state, the reload and
+// consolidate().
+//
+// Per bucket b (N elements, W ranks, S = ceil(N / W), this rank r):
+//  * master, states[k]: float32, the n = |[r*S, min((r+1)*S, N))| elements
+//    this rank owns;
+//  * grad (stage 2): S elements, the reduce-scatter's output (the averaged
+//    gradient of this rank's block; elements >= n are padding);
+//  * wire (stage 2 with reduce_dtype): the bucket cast down, W * S elements;
+//  * gather: W * S elements in the parameters' dtype; step() writes the
+//    rounded master weights into block r, all-gathers in place, and copies
+//    [0, N) into the parameters (the reducer's unflatten, divisor 1).
+// Pieces: the parts of parameters inside [r*S, r*S + n); stage 1 reads its
+// gradients through them (Reducer::gradient), stage 2 from `grad`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/host_buffer.h"
+#include "data_parallel/fusion_buffer.h"
+#include "data_parallel/unflatten.h"
+#include "tutti/zero.h"
+
+namespace tutti {
+
+namespace zero {
+
+struct Piece {
+  int param = -1;          // the reducer's parameter index
+  std::string name;        // the parameter's name
+  int64_t begin = 0;       // bucket range [begin, end) inside this shard
+  int64_t end = 0;
+  int64_t param_offset = 0;  // where `begin` lies in the flattened parameter
+};
+
+struct Bucket {
+  BucketLayout layout;
+  ZeroShard shard;
+  int64_t owned = 0;       // n = shard.end - shard.begin
+  dp::FusionBuffer master;
+  std::vector<dp::FusionBuffer> states;
+  dp::FusionBuffer grad;
+  dp::FusionBuffer wire;
+  DType wire_dtype = DType::kFloat32;
+  dp::FusionBuffer gather;
+  std::vector<Piece> pieces;
+  std::vector<kernels::UnflattenChunk> chunks;  // gather -> parameters
+#if TUTTI_WITH_CUDA
+  cuda::DeviceBuffer device_chunks;
+#endif
+  std::vector<int> slot_params;  // slot s -> reducer parameter index
+  WorkPtr gather_work;           // the all-gather in flight
+  bool gather_pending = false;   // launched, parameters not written yet
+  // consolidate(): the whole bucket's master and states (allocated lazily).
+  dp::FusionBuffer full_master;
+  std::vector<dp::FusionBuffer> full_states;
+};
+
+// The state names of an optimizer kind, as torch.optim calls them.
+std::vector<std::string> state_names(optim::Kind kind);
+
+}  // namespace zero
+
+class ShardedOptimizerImpl {
+ public:
+  ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper& hyper,
+                       ShardedOptimizerOptions options);
+  ~ShardedOptimizerImpl();
+
+  void step(float grad_scale, void* stream);
+  std::vector<Tensor> gradient_shards() const;
+  // Block r of every bucket's gather buffer = round(master); all-gather;
+  // copy into the parameters.  CUDA: on `stream`.
+  void write_parameters(void* stream, bool cast_master);
+  void launch_gathers(void* stream, bool cast_master);
+  void finish_gather(size_t bucket);
+  void wait_parameters();
+  void wait_parameter(int index);
+  StateDict state_dict();
+  StateDict consolidate();
+  int64_t state_bytes() const;
+  int64_t unsharded_state_bytes() const;
+
+  Reducer& reducer_;
+  optim::Hyper hyper_;
+  ShardedOptimizerOptions opt_;
+  int64_t steps_ = 0;
+  std::vector<ZeroShard> shards_;
+  std::vector<zero::Bucket> buckets_;
+
+ private:
+  std::string validate() const;
+  void check_agreement(const std::string& local_error);
+  void setup_bucket(int index);
+  WorkPtr reduce_scatter(int bucket, const Tensor& flat, const OpOptions& o);
+  void build_step_lists();
+
+  int world_ = 1;
+  int rank_ = 0;
+  int64_t reduced_steps_ = 0;  // reducer.stats().steps at the last step()
+  void* gather_stream_ = nullptr;  // the stream the all-gathers were launched on
+  std::vector<int> param_bucket_;  // reducer parameter index -> bucket
+  HostBufferPool pool_;
+  // The step's argument lists (views), built once.
+  std::vector<Tensor> params_, grads_, copies_;
+  std::vector<std::vector<Tensor>> states_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace tutti
