@@ -82,7 +82,8 @@ def main():
     def command(side, rnd):
         if side == "tutti":
             return mpi + [a.bench] + common + ["--first-mb", str(a.first_mb)]
-        return mpi + ["-x", "MASTER_ADDR=" + master, "-x", "MASTER_PORT=%d" % (port + rnd),
+        subnet = ["-x", "GLOO_SUBNET=" + master.rsplit(".", 1)[0] + "."] if a.netns else []
+        return mpi + subnet + ["-x", "MASTER_ADDR=" + master, "-x", "MASTER_PORT=%d" % (port + rnd),
                       a.python, os.path.join(HERE, "ddp_peer.py")] + common
 
     for side in sides:

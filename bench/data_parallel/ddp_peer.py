@@ -15,7 +15,8 @@ its iterations of the slowest rank's time:
 
 Run under mpiexec (rank/size from OpenMPI's environment); MASTER_ADDR (rank
 0's address, default 127.0.0.1) and MASTER_PORT must be reachable from every
-rank.  Prints one JSON object on rank 0.
+rank; on the netns rig GLOO_SUBNET names the cluster's subnet.  Prints one
+JSON object on rank 0.
 """
 import argparse
 import json
@@ -36,6 +37,24 @@ PHASES = ("step", "compute", "comm", "sequential")
 def cpu_seconds():
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_utime + u.ru_stime
+
+
+def pick_gloo_interface():
+    """On the netns rig each host's interface has its own name: gloo would
+    resolve the namespace's hostname to loopback, so name the interface that
+    holds an address in GLOO_SUBNET (e.g. "10.213.0.")."""
+    subnet = os.environ.get("GLOO_SUBNET")
+    if not subnet or "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    import subprocess
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], stdout=subprocess.PIPE,
+                         text=True, check=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) > 3 and f[3].startswith(subnet):
+            os.environ["GLOO_SOCKET_IFNAME"] = f[1]
+            return
+    raise SystemExit("ddp_peer: no interface with an address in %s" % subnet)
 
 
 def ddp_bucket_numels(model, cap_mb):
@@ -63,6 +82,7 @@ def main():
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     torch.set_num_threads(1)
+    pick_gloo_interface()
     dist.init_process_group("gloo", rank=rank, world_size=size)
     widths = [int(w) for w in a.widths.split(",")]
     layers = []
