@@ -1,24 +1,32 @@
 // Data-parallel step benchmark: a synthetic backward pass where each layer's
 // work is real GEMMs (the MLP of tests/data_parallel/mlp_model.h, float32,
 // OpenBLAS) and gradients become ready layer by layer, as autograd hooks
-// fire.  Four measurements of the same model in one process:
-//   compute     forward + backward, no reducer
-//   comm        the reducer alone: every gradient ready at once, synchronize
+// fire.  One process measures four phases of the same model, INTERLEAVED
+// (measured iteration k runs phase k mod 4), so that load from other
+// processes hits every phase alike and the phases can be compared:
+//   step        forward + backward with grad_ready() from the hooks, then
+//               synchronize() (tutti's normal, overlapped path)
+//   compute     forward + backward under no_sync() (hooks fire, nothing is
+//               reduced: the compute the step has to hide communication in)
+//   comm        the reducer alone: every gradient ready at once, then
+//               synchronize() (the same buckets' all-reduces and write-back)
 //   sequential  forward + backward, then all gradients ready + synchronize
 //               (no overlap: what a reducer without hooks does)
-//   overlap     forward + backward with grad_ready() from the hooks, then
-//               synchronize (tutti's normal path)
-// Each step's time is the slowest rank's; we report the median over steps.
-//   overlap ratio = (compute + comm - overlap) / min(compute, comm)
+// Each iteration's time is the slowest rank's (a barrier starts each); each
+// phase's figure is the median over its iterations.
+//   overlap ratio = (compute + comm - step) / min(compute, comm)
 // (1: communication fully hidden behind compute; 0: none hidden).
 // Output: one JSON object on rank 0's stdout.
 //
 //   mpiexec -np 2 bench_dp --widths 512,1024,1024,1024,1024,512,16 --batch 32
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,8 +42,8 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::vector<int> widths = {512, 1024, 1024, 1024, 1024, 512, 16};
   int batch = 32;  // per rank
-  int steps = 20;
-  int warmup = 3;
+  int steps = 20;  // measured iterations per phase
+  int warmup = 2;  // unmeasured cycles of all four phases
   double cap_mb = 25;
   double first_mb = 1;
   bool hierarchical = false;
@@ -67,15 +75,29 @@ Args parse(int argc, char** argv) {
       std::exit(2);
     }
   }
+  if (a.steps < 1 || a.batch < 1 || a.widths.size() < 2) {
+    std::fprintf(stderr, "need --steps >= 1, --batch >= 1, two or more widths\n");
+    std::exit(2);
+  }
   return a;
 }
 
-// Median over steps of the slowest rank's step time, in seconds.
-double median_of_max(std::vector<double> t) {
-  tutti::world()->allreduce(tutti::Tensor::of(t), tutti::ReduceOp::kMax);
+double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  const size_t n = t.size();
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
+
+// CPU seconds of this process (every thread: compute, tutti's progress
+// threads, MPI's), to show what communicating costs the cores.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
+enum Phase { kStep, kCompute, kComm, kSequential, kPhases };
 
 }  // namespace
 
@@ -105,51 +127,92 @@ int main(int argc, char** argv) {
   auto all_ready = [&] {
     for (int i = model.num_params() - 1; i >= 0; --i) reducer.grad_ready(i);
   };
-  auto run = [&](auto&& step) {
-    std::vector<double> t;
-    for (int s = 0; s < a.warmup + a.steps; ++s) {
-      world->barrier();
-      model.zero_grad();
-      const auto t0 = Clock::now();
-      step();
-      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (s >= a.warmup) t.push_back(dt);
-    }
-    return median_of_max(t);
+  auto backward = [&](const std::function<void(int)>& hook) {
+    model.forward_backward(x.data(), y.data(), a.batch, scale, hook);
   };
-  const double compute = run([&] {
-    model.forward_backward(x.data(), y.data(), a.batch, scale, nullptr);
-  });
-  const double comm = run([&] {
-    all_ready();
-    reducer.synchronize();
-  });
-  const double sequential = run([&] {
-    model.forward_backward(x.data(), y.data(), a.batch, scale, nullptr);
-    all_ready();
-    reducer.synchronize();
-  });
-  const tutti::ReducerStats before = reducer.stats();
-  const double overlap = run([&] {
-    model.forward_backward(x.data(), y.data(), a.batch, scale, ready);
-    reducer.synchronize();
-  });
-  const tutti::ReducerStats after = reducer.stats();
-  const double hidden = (compute + comm - overlap) / std::min(compute, comm);
-  const double wait_per_step =
-      (after.wait_seconds - before.wait_seconds) / static_cast<double>(after.steps - before.steps);
+  // The step phase's backward (hooks launching buckets) alone: compared with
+  // the compute phase it shows what concurrent communication costs compute.
+  double step_backward_s = 0;
+  auto run_phase = [&](int phase) {
+    switch (phase) {
+      case kStep: {
+        const auto t0 = Clock::now();
+        backward(ready);
+        step_backward_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        reducer.synchronize();
+        break;
+      }
+        break;
+      case kCompute: {
+        auto guard = reducer.no_sync();
+        backward(ready);
+        reducer.synchronize();  // returns false: nothing reduced
+        break;
+      }
+      case kComm:
+        all_ready();
+        reducer.synchronize();
+        break;
+      case kSequential:
+        backward(nullptr);
+        all_ready();
+        reducer.synchronize();
+        break;
+    }
+  };
+  // The first reducing step learns the bucket order (a re-plan): outside
+  // the measurement, like the warm-up cycles.
+  // Per phase, per measured iteration: wall time (max over ranks, below),
+  // then CPU time (this rank), then the step's backward and wait.
+  const size_t per = static_cast<size_t>(kPhases * a.steps);
+  std::vector<double> times(per), cpu(per), bwd(static_cast<size_t>(a.steps)),
+      wait(static_cast<size_t>(a.steps));
+  for (int it = 0; it < kPhases * (a.warmup + a.steps); ++it) {
+    const int phase = it % kPhases;
+    world->barrier();
+    model.zero_grad();
+    const tutti::ReducerStats before = reducer.stats();
+    const double c0 = cpu_seconds();
+    const auto t0 = Clock::now();
+    run_phase(phase);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double dc = cpu_seconds() - c0;
+    const int k = it - kPhases * a.warmup;
+    if (k < 0) continue;
+    const size_t slot = static_cast<size_t>(phase * a.steps + k / kPhases);
+    times[slot] = dt;
+    cpu[slot] = dc;
+    if (phase == kStep) {
+      bwd[static_cast<size_t>(k / kPhases)] = step_backward_s;
+      wait[static_cast<size_t>(k / kPhases)] =
+          reducer.stats().wait_seconds - before.wait_seconds;
+    }
+  }
+  world->allreduce(tutti::Tensor::of(times), tutti::ReduceOp::kMax);
+  double med[kPhases], med_cpu[kPhases];
+  for (int p = 0; p < kPhases; ++p) {
+    med[p] = median(std::vector<double>(times.begin() + p * a.steps,
+                                        times.begin() + (p + 1) * a.steps));
+    med_cpu[p] = median(std::vector<double>(cpu.begin() + p * a.steps,
+                                            cpu.begin() + (p + 1) * a.steps));
+  }
+  const double compute = med[kCompute], comm = med[kComm], step = med[kStep];
+  const double hidden = compute + comm - step;
   if (rank == 0) {
     std::string widths;
     for (size_t i = 0; i < a.widths.size(); ++i) widths += (i ? "," : "") + std::to_string(a.widths[i]);
     std::printf(
         "{\"impl\": \"tutti\", \"ranks\": %d, \"widths\": \"%s\", \"batch_per_rank\": %d, "
-        "\"grad_mb\": %.3f, \"buckets\": %zu, \"cap_mb\": %g, \"first_mb\": %g, "
+        "\"grad_mb\": %.3f, \"buckets\": %zu, \"cap_mb\": %g, \"first_mb\": %g, \"steps\": %d, "
         "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"sequential_ms\": %.3f, "
-        "\"step_ms\": %.3f, \"overlap_ratio\": %.3f, \"sync_wait_ms\": %.3f, "
-        "\"samples_per_s\": %.1f}\n",
+        "\"step_ms\": %.3f, \"hidden_ms\": %.3f, \"overlap_ratio\": %.3f, \"sync_wait_ms\": %.3f, "
+        "\"step_backward_ms\": %.3f, \"cpu_ms\": {\"step\": %.1f, \"compute\": %.1f, "
+        "\"comm\": %.1f}, \"samples_per_s\": %.1f}\n",
         n, widths.c_str(), a.batch, grad_bytes / 1048576.0, reducer.buckets().size(), a.cap_mb,
-        a.first_mb, compute * 1e3, comm * 1e3, sequential * 1e3, overlap * 1e3, hidden,
-        wait_per_step * 1e3, n * a.batch / overlap);
+        a.first_mb, a.steps, compute * 1e3, comm * 1e3, med[kSequential] * 1e3, step * 1e3,
+        hidden * 1e3, hidden / std::min(compute, comm), median(wait) * 1e3,
+        median(bwd) * 1e3, med_cpu[kStep] * 1e3, med_cpu[kCompute] * 1e3, med_cpu[kComm] * 1e3,
+        n * a.batch / step);
   }
   tutti::shutdown();
   return 0;

@@ -86,6 +86,14 @@ const std::vector<SettingInfo> kSettings = {
      "the order gradients became ready (rank 0's order), so buckets fill "
      "and launch during the backward pass; 0 keeps reverse registration "
      "order. Must agree across ranks."},
+    {"TUTTI_DP_LAUNCH_CHANNELS", "int", "4",
+     "Host buckets of the flat data-parallel all-reduce are spread over this "
+     "many private communicators (bucket b on channel b mod N), each with its "
+     "own progress thread, and a complete bucket launches as soon as the "
+     "buckets before it on its channel have, not every bucket before it: "
+     "ranks whose gradients arrive in different orders stop waiting for each "
+     "other's stragglers. 1: one channel, launch in bucket order. Must agree "
+     "across ranks."},
     {"TUTTI_HIERARCHICAL", "bool", "0",
      "Hierarchical all-reduce: reduce-scatter within the node, all-reduce "
      "across nodes, all-gather within the node (nodes of unequal size: "

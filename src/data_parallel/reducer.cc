@@ -77,6 +77,10 @@ ReducerImpl::ReducerImpl(ProcessGroupPtr group, ReducerOptions options)
   TUTTI_ARG_CHECK(!(opt_.find_unused_parameters && opt_.static_graph), "Reducer '",
                   n, "': find_unused_parameters searches every pass, static_graph "
                   "never does; set one of them");
+  launch_channels_ = config::get_int("TUTTI_DP_LAUNCH_CHANNELS");
+  TUTTI_ARG_CHECK(launch_channels_ >= 1 && launch_channels_ <= 64, "Reducer '", n,
+                  "': TUTTI_DP_LAUNCH_CHANNELS = ", launch_channels_,
+                  " must be 1..64 (1: launch in bucket order)");
   if (opt_.compressor && opt_.hierarchical)
     TUTTI_LOG(kWarn) << "Reducer '" << n << "': compressor '"
                      << opt_.compressor->name()
@@ -162,6 +166,7 @@ void ReducerImpl::check_plan_agrees() {
       detail::cat("compressor=", opt_.compressor ? opt_.compressor->name() : "none"),
       detail::cat("learn_bucket_order=", opt_.learn_bucket_order),
       detail::cat("gradient_predivide_factor=", opt_.gradient_predivide_factor),
+      detail::cat("launch_channels=", launch_channels_),
   };
   std::vector<std::string> entries;
   entries.reserve(params_.size());
@@ -239,6 +244,33 @@ void ReducerImpl::install_plan(std::vector<dp::PlannedBucket> plan) {
     allocate_bucket(b);
     layouts_.push_back(b.plan.layout);
   }
+  plan_chains();
+}
+
+// Flat mode, every bucket on the host, > 1 rank: one private communicator
+// per launch chain (collective: inside build(), which every rank calls with
+// an agreed plan and launch_channels_).  Else no channels: one chain on the
+// group (see reducer_impl.h for why).
+void ReducerImpl::open_channels(const std::vector<dp::PlannedBucket>& plan) {
+  if (mode_ != Mode::kFlat || group_->size() == 1 || launch_channels_ < 2) return;
+  for (const auto& b : plan)
+    if (!b.layout.device.is_cpu()) return;
+  const size_t n = std::min(static_cast<size_t>(launch_channels_), plan.size());
+  if (n < 2) return;
+  for (size_t c = 0; c < n; ++c)
+    channels_.push_back(group_->split_group(
+        0, group_->rank(), detail::cat(group_->name(), "/", opt_.name, "-launch", c)));
+}
+
+// Bucket b on chain b mod (number of chains); after a re-plan too.
+void ReducerImpl::plan_chains() {
+  const size_t n = channels_.empty() ? 1 : channels_.size();
+  chains_.assign(n, {});
+  chain_next_.assign(n, 0);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    buckets_[i].chain = static_cast<int>(i % n);
+    chains_[i % n].push_back(static_cast<int>(i));
+  }
 }
 
 void ReducerImpl::build() {
@@ -253,6 +285,7 @@ void ReducerImpl::build() {
   try {
     if (mode_ == Mode::kHierarchical)
       hier_.reset(new dp::HierarchicalAllreduce(group_, opt_.hierarchical_node_size));
+    open_channels(plan);
     install_plan(std::move(plan));
     observed_order_.reserve(params_.size());  // grad_ready must not allocate
     if (opt_.compressor)
@@ -266,6 +299,7 @@ void ReducerImpl::build() {
     release_buckets();
     layouts_.clear();
     hier_.reset();
+    channels_.clear();
     throw;
   }
   built_ = true;
@@ -371,6 +405,13 @@ void ReducerImpl::set_bucket_collective(BucketCollective fn) {
                   "all-reduce mode (no compressor, hierarchical=false, op kAvg, "
                   "gradient_predivide_factor 1); this reducer is ", mode_name());
   collective_ = std::move(fn);
+  // The hook runs its collectives on its own group, in launch order: one
+  // launch chain (bucket order), or buckets on different chains would reach
+  // that group in rank-dependent orders.
+  if (collective_ && !channels_.empty()) {
+    channels_.clear();
+    plan_chains();
+  }
 }
 
 int ReducerImpl::parameter_index(const std::string& name) const {

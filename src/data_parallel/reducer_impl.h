@@ -4,13 +4,26 @@
 //
 // Step protocol (per rank; every rank follows the same sequence):
 //  * a reducing pass copies each ready gradient into its bucket; a bucket
-//    whose slots are all filled is launched, but only once every bucket
-//    before it was launched (next_launch_), so launch order == bucket order
-//    on every rank whatever order gradients arrive in;
+//    whose slots are all filled is launched once every bucket before it ON
+//    ITS CHAIN was launched.  A chain is a list of buckets in plan order
+//    whose collectives share one communicator: collectives on one
+//    communicator must be issued in the same order on every rank, so each
+//    chain's launch order is its bucket order on every rank whatever order
+//    gradients arrive in.  Flat mode, host buckets, > 1 rank: bucket b is on
+//    chain b mod N, each chain a private communicator split from the group
+//    (channels_, N = TUTTI_DP_LAUNCH_CHANNELS), so a complete bucket waits
+//    only for the buckets N, 2N, ... before it.  Chains never wait on each
+//    other (separate communicators, separate progress threads), and a rank
+//    blocks only in synchronize(), after launching every bucket of every
+//    chain, so no rank waits for a collective a peer will not issue.  Other
+//    modes (one worker thread runs the buckets in order), CUDA buckets
+//    (NCCL communicators used concurrently must see the same order) and
+//    N = 1: one chain, the group, launch order == bucket order;
 //  * synchronize() fills the slots never marked ready (accumulated grad if
-//    used earlier in the step, else zeros), launches the remaining buckets
-//    in order, then waits for and writes back bucket 0, 1, ... (write-back
-//    of bucket k overlaps the communication of buckets > k);
+//    used earlier in the step, else zeros), launches every bucket not
+//    launched yet (chain by chain), then waits for and writes back bucket
+//    0, 1, ... (write-back of bucket k overlaps the communication of
+//    buckets > k);
 //  * accumulation passes touch only the seen/used flags;
 //  * learned order: grad_ready() appends each parameter to observed_order_
 //    the first time it is seen; the first reducing synchronize() takes rank
@@ -81,6 +94,8 @@ struct Bucket {
   std::unique_ptr<cuda::Event> reduced;
 #endif
   int pending = 0;          // slots not yet filled in this pass
+  int chain = 0;            // launch chain (see the protocol above)
+  bool issued = false;      // launched in this pass
   void* stream = nullptr;   // CUDA: stream the bucket is ordered on
   bool stream_set = false;
   int64_t launch_step = 0;  // step number handed to the compressor
@@ -128,6 +143,8 @@ class ReducerImpl {
  private:
   // reducer_step.cc
   void mark_filled(dp::Bucket& b, bool early);
+  // Launches the complete buckets at the head of `chain`.
+  void launch_ready(int chain, bool early);
   void launch(int bucket, bool early);
   void run_on_worker(int bucket);
   void* hier_stream(dp::Bucket& b);
@@ -154,6 +171,8 @@ class ReducerImpl {
   void check_plan_agrees();
   void allocate_bucket(dp::Bucket& b);
   void install_plan(std::vector<dp::PlannedBucket> plan);
+  void open_channels(const std::vector<dp::PlannedBucket>& plan);
+  void plan_chains();
   std::vector<dp::ParamSpec> param_specs() const;
   void release_buckets();
   bool step_in_flight() const { return filled_in_pass_ > 0; }
@@ -170,7 +189,13 @@ class ReducerImpl {
   bool pass_begun_ = false;         // begin_reducing_pass() ran this pass
   std::vector<int> observed_order_;  // first-seen order until learned
   std::vector<int> static_unused_;   // static_graph: unused in the first step
-  int next_launch_ = 0;      // buckets [0, next_launch_) launched this pass
+  // Launch chains: the buckets of each chain in plan order, and how many
+  // of them were launched this pass.  channels_[c] carries chain c when not
+  // empty (else the one chain uses group_).
+  int64_t launch_channels_ = 1;  // TUTTI_DP_LAUNCH_CHANNELS
+  std::vector<CommunicatorPtr> channels_;
+  std::vector<std::vector<int>> chains_;
+  std::vector<size_t> chain_next_;
   int filled_in_pass_ = 0;   // slots filled in this reducing pass
   int seen_in_pass_ = 0;     // grad_ready calls in this pass (outside no_sync)
   int pass_in_step_ = 0;     // completed accumulation passes of this step

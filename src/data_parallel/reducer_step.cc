@@ -1,5 +1,5 @@
 // The per-step path of the reducer: grad_ready -> copy into the bucket ->
-// in-order launch -> synchronize: fill unready slots, launch the rest, wait,
+// launch in chain order -> synchronize: fill unready slots, launch the rest, wait,
 // fused write-back.  See reducer_impl.h for the protocol.
 #include <chrono>
 #include <cmath>
@@ -160,15 +160,20 @@ void ReducerImpl::copy_into_bucket(dp::Param& p, Bucket& b, void* stream) {
 }
 
 void ReducerImpl::mark_filled(Bucket& b, bool early) {
-  --b.pending;
-  while (next_launch_ < static_cast<int>(buckets_.size()) &&
-         buckets_[static_cast<size_t>(next_launch_)].pending == 0)
-    launch(next_launch_++, early);
+  if (--b.pending == 0) launch_ready(b.chain, early);
+}
+
+void ReducerImpl::launch_ready(int chain, bool early) {
+  const std::vector<int>& list = chains_[static_cast<size_t>(chain)];
+  size_t& next = chain_next_[static_cast<size_t>(chain)];
+  while (next < list.size() && buckets_[static_cast<size_t>(list[next])].pending == 0)
+    launch(list[next++], early);
 }
 
 void ReducerImpl::launch(int index, bool early) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
   cuda::OptionalDeviceGuard device(b.plan.layout.device);  // NCCL submission
+  b.issued = true;
   b.launch_step = step_;
   b.launch_grad_scale = grad_scale_;
   TUTTI_TIMELINE(bucket_launch(index, static_cast<int64_t>(b.plan.bytes)));
@@ -194,8 +199,9 @@ void ReducerImpl::launch(int index, bool early) {
     return;
   }
   if (group_->size() == 1) return;  // the sum over one rank is the bucket
-  b.work = group_->allreduce_async(b.buffer->view(b.plan.layout.numel),
-                                   ReduceOp::kSum, o);
+  Communicator& comm =
+      channels_.empty() ? *group_ : *channels_[static_cast<size_t>(b.chain)];
+  b.work = comm.allreduce_async(b.buffer->view(b.plan.layout.numel), ReduceOp::kSum, o);
 }
 
 // On the worker thread: reads only what launch() wrote before enqueue().
@@ -281,7 +287,9 @@ void ReducerImpl::wait_bucket(int index) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
   if (mode_ == Mode::kHierarchical) {
     // Bucket k is finished by job k + 1 (run_on_worker), when launched.
-    worker_->wait(index + 1 < next_launch_ ? index + 1 : index);
+    // (one chain: bucket k + 1 is issued only after bucket k)
+    const size_t next = static_cast<size_t>(index) + 1;
+    worker_->wait(next < buckets_.size() && buckets_[next].issued ? index + 1 : index);
   } else if (mode_ != Mode::kFlat) {
     worker_->wait(index);  // host-side only
   } else if (b.work) {
@@ -346,12 +354,11 @@ bool ReducerImpl::synchronize(void* stream) {
     return false;
   }
   try {
-    // Unready gradients, then every bucket not launched yet, in order: the
-    // same sequence of collectives on every rank.
-    for (size_t i = static_cast<size_t>(next_launch_); i < buckets_.size(); ++i)
-      fill_missing(buckets_[i], stream);
-    while (next_launch_ < static_cast<int>(buckets_.size()))
-      launch(next_launch_++, false);
+    // Unready gradients, then every bucket not launched yet, each chain in
+    // its order: the same sequence of collectives per chain on every rank.
+    for (auto& b : buckets_)
+      if (!b.issued) fill_missing(b, stream);
+    for (size_t c = 0; c < chains_.size(); ++c) launch_ready(static_cast<int>(c), false);
     for (size_t i = 0; i < buckets_.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       wait_bucket(static_cast<int>(i));
@@ -396,9 +403,10 @@ std::shared_ptr<const void> ReducerImpl::gradient_storage(int index) const {
 // After a failure: let every launched bucket finish (its buffer must stay
 // untouched until then), drop the step, keep the reducer usable.
 void ReducerImpl::abandon_step() noexcept {
-  for (int i = 0; i < next_launch_; ++i) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (!buckets_[i].issued) continue;
     try {
-      wait_bucket(i);
+      wait_bucket(static_cast<int>(i));
     } catch (const std::exception& e) {
       TUTTI_LOG(kDebug) << "Reducer '" << opt_.name << "': dropping bucket " << i
                         << " of the failed step: " << e.what();
@@ -430,6 +438,7 @@ void ReducerImpl::reset_step() {
     b.pending = static_cast<int>(b.plan.params.size());
     b.stream = nullptr;
     b.stream_set = false;
+    b.issued = false;
     b.work.reset();
     b.cross_work.reset();
   }
@@ -439,7 +448,7 @@ void ReducerImpl::reset_step() {
     p.marked_unused = false;
   }
   pass_begun_ = false;
-  next_launch_ = 0;
+  for (auto& n : chain_next_) n = 0;
   filled_in_pass_ = 0;
   seen_in_pass_ = 0;
   pass_in_step_ = 0;

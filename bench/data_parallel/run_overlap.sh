@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Overlap and throughput of tutti's Reducer against PyTorch DDP (gloo), each
+# side's phases timed inside the same runs, the sides interleaved
+# (bench/data_parallel/compare.py):
+#   1. netns rig: two "hosts" (scripts/netns_cluster.sh) joined by a tc
+#      RATE link (default 1gbit), one rank per host (np 2), then two (np 4);
+#   2. this machine, shared memory: np 2 and np 4.
+# Sets the rig up, runs everything, tears it down (also on failure), and
+# prints every table and RESULT line (also appended to OUT).
+#
+#   bench/data_parallel/run_overlap.sh [OUT]
+#   ROUNDS=5 STEPS=10 RATE=1gbit PYTHON=.venv/bin/python bench/data_parallel/run_overlap.sh /tmp/overlap.txt
+#   PARTS="rig" ... only the netns part; PARTS="local" only the local one
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-/tmp/tutti-overlap.txt}
+ROUNDS=${ROUNDS:-5}
+STEPS=${STEPS:-10}
+RATE=${RATE:-1gbit}
+PREFIX=${OVERLAP_PREFIX:-tzov}
+PARTS=${PARTS:-"rig local"}
+PYTHON=${PYTHON:-$(command -v python3)}
+BIN=build/bench/data_parallel/bench_dp
+# The model: its gradient traffic on the rate-limited link takes about as
+# long as its backward pass (64 inputs, so the last gradient to be ready is
+# small); 4 MiB buckets so that communication can start mid-backward.
+RIG_MODEL=(--widths "${RIG_WIDTHS:-64,1024,1024,1024,1024,1024,16}" --batch "${RIG_BATCH:-128}" --cap-mb 4)
+LOCAL_MODEL=(--widths "${LOCAL_WIDTHS:-512,1024,1024,1024,1024,512,16}" --batch "${LOCAL_BATCH:-32}" --cap-mb 4)
+[[ -x $BIN ]] || { echo "build $BIN first (cmake --build build --target bench_dp)" >&2; exit 1; }
+compare() { python3 bench/data_parallel/compare.py --python "$PYTHON" --rounds "$ROUNDS" \
+              --steps "$STEPS" "$@" | tee -a "$OUT"; }
+echo "# $(date -u +%FT%TZ) rounds $ROUNDS steps $STEPS rate $RATE ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))" | tee -a "$OUT"
+if [[ " $PARTS " == *" rig "* ]]; then
+  subnet=10.$((200 + RANDOM % 50)).$((RANDOM % 250))
+  scripts/netns_cluster.sh up --prefix "$PREFIX" 2 --rate "$RATE" --subnet "$subnet"
+  trap 'scripts/netns_cluster.sh down --prefix "$PREFIX"' EXIT
+  compare --netns "$PREFIX" --per-host 1 --np 2 --label "rig-$RATE" "${RIG_MODEL[@]}"
+  compare --netns "$PREFIX" --per-host 2 --np 4 --label "rig-$RATE" "${RIG_MODEL[@]}"
+fi
+if [[ " $PARTS " == *" local "* ]]; then
+  compare --np 2 --label local "${LOCAL_MODEL[@]}"
+  compare --np 4 --label local "${LOCAL_MODEL[@]}"
+fi
