@@ -50,6 +50,7 @@ class PreemptionMonitor::Impl {
   std::vector<std::string> names;
   bool stop_on_rebalance = false;
   bool rebalance_saved = false;  // decide() answered kSaveNow (every rank alike)
+  int32_t agreed_traced = 0;     // the highest agreed kind put on the timeline
 
  private:
   void poll_loop(preempt::NoticeSource& source);
@@ -225,7 +226,16 @@ NoticeKind PreemptionMonitor::agree(ProcessGroup& group) {
   int32_t v = static_cast<int32_t>(impl_->local());
   OpOptions o;
   o.name = "preemption notice agreement";
+  const int32_t mine = v;
   group.allreduce(Tensor::of(&v, 1), ReduceOp::kMax, o);
+  // A rank that learns of the notice from a peer (its own sources have not
+  // seen it yet) marks it on its own timeline too, once per kind.
+  if (v > mine && v > impl_->agreed_traced) {
+    impl_->agreed_traced = v;
+    TUTTI_TIMELINE(instant(timeline::kPreemption, "preemption",
+                           notice_kind_name(static_cast<NoticeKind>(v)),
+                           &timeline::Args().s("source", "a peer (agreement)")));
+  }
   return static_cast<NoticeKind>(v);
 }
 
