@@ -370,9 +370,8 @@ def test_with_ddp(rank, size):
 
 def test_errors(rank, size):
     net = Net()
-    with pytest.raises(NotImplementedError, match=f"rank {rank}: .*overlap_with_ddp=False"):
-        hvd.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, overlap_with_ddp=True,
-                                    lr=0.1)
+    with pytest.raises(ValueError, match=f"rank {rank}: .*single parameter group"):
+        hvd.ZeroRedundancyOptimizer(groups(net), torch.optim.SGD, overlap_with_ddp=True, lr=0.1)
     with pytest.raises(ValueError, match="empty parameter list"):
         hvd.ZeroRedundancyOptimizer([], torch.optim.SGD, lr=0.1)
     with pytest.raises(ValueError, match="one dtype"):

@@ -62,7 +62,12 @@ class GradBucket:
 
     def gradients(self):
         """Views of buffer() shaped as each parameter (slot order)."""
-        return [self._buffer[o:o + p.numel()].view(p.shape)
+        return self.views(self._buffer)
+
+    def views(self, flat):
+        """A bucket-sized flat tensor (e.g. the hook's result) viewed as each
+        parameter, slot order (tutti's; gradients() is views(buffer()))."""
+        return [flat[o:o + p.numel()].view(p.shape)
                 for p, o in zip(self._params, self._offsets)]
 
     def is_last(self):

@@ -16,6 +16,11 @@ Future`` whose value is the bucket's average):
   error-feedback compressors, and the AMP loss scale the gradients carry.
   ``PowerSGDState``/``powerSGD_hook`` take torch's PowerSGD arguments.
 
+* ``hook_with_zero_step(hook, ddp, zero)`` /
+  ``hook_with_zero_step_interleaved``: torch's ``ddp_zero_hook`` wrappers,
+  ``hook`` plus the step of a ``ZeroRedundancyOptimizer(overlap_with_ddp=
+  True)`` inside backward (_zero_overlap.py).
+
 ``group`` (the hooks' state): a tutti.ProcessGroup, an ``hvd.ProcessSet``,
 or None for the DDP's own group.  The Futures these hooks return are
 completed by the DDP (``bucket.defer``) before the next bucket's hook and
@@ -24,7 +29,7 @@ when backward ends; a custom hook may chain them with ``.then()``.
 import torch
 
 from .. import _C
-from ._util import export, group_or_world, stream_of
+from ._util import error, export, group_or_world, stream_of
 from .compression import Compression, Compressor, as_compressor
 
 
@@ -188,3 +193,49 @@ class PowerSGDState(CompressorState):
 
 
 powerSGD_hook = compressor_hook
+
+
+def _zero_hook(hook, ddp, zero, shard_buckets, interleaved, call):
+    overlap = getattr(zero, "_overlap", None)
+    if overlap is None:
+        raise error(ValueError,
+                    f"{call}: the ZeroRedundancyOptimizer must be constructed with "
+                    "overlap_with_ddp=True to use this hook (as torch requires)")
+    if not callable(hook):
+        raise TypeError(f"{call}: hook must be callable, got {hook!r}")
+
+    def hook_with_zero(state, bucket):
+        return overlap.on_bucket(bucket, hook(state, bucket), interleaved)
+    hook_with_zero.__qualname__ = f"{call.partition('(')[0]}({_hook_name(hook)})"
+    overlap.bind(ddp, hook_with_zero, shard_buckets, call)
+    return hook_with_zero
+
+
+def _hook_name(hook):
+    return getattr(hook, "__qualname__", None) or repr(hook)
+
+
+def hook_with_zero_step(hook, ddp, zero, shard_buckets=False):
+    """torch's ``ddp_zero_hook.hook_with_zero_step``: ``hook`` (e.g.
+    ``allreduce_hook``) plus the step of ``zero``, a
+    ``ZeroRedundancyOptimizer(..., overlap_with_ddp=True)`` over ``ddp``'s
+    parameters.  Register it with ``ddp.register_comm_hook(state, ...)``.
+    After the warm-up passes (2; 3 with ``static_graph=True``: only
+    ``hook``), once the last bucket's all-reduce completed, each rank steps
+    the buckets it owns (bucket i: rank i mod W; ``shard_buckets=True``
+    splits buckets over ranks, torch's rule) and the owners broadcast them;
+    backward returns with the step done.  The backward computation runs
+    uninterrupted, the step follows it (torch: preferable when communication
+    is slow compared to computation)."""
+    return _zero_hook(hook, ddp, zero, shard_buckets, False, "hook_with_zero_step()")
+
+
+def hook_with_zero_step_interleaved(hook, ddp, zero, shard_buckets=False):
+    """torch's ``hook_with_zero_step_interleaved``: as ``hook_with_zero_step``,
+    but each bucket's step and broadcast run as soon as that bucket's
+    all-reduce completed (a continuation of its Future, which tutti's DDP
+    completes before the next bucket's hook), interleaving the optimizer
+    with the rest of backward (torch: preferable when communication is fast
+    compared to computation)."""
+    return _zero_hook(hook, ddp, zero, shard_buckets, True,
+                      "hook_with_zero_step_interleaved()")

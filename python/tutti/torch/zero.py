@@ -20,17 +20,24 @@
   ``load_state_dict()`` takes such a dict from any world size and keeps the
   entries of this rank's partition.
 
+``overlap_with_ddp=True`` (torch's semantics; _zero_overlap.py): the
+partition follows tutti.torch.DistributedDataParallel's buckets and the step
+runs inside backward, in the comm hook that
+``ddp_comm_hooks.hook_with_zero_step*`` builds.
+
 ``shard_distributed_optimizer_base()`` serves ``DistributedOptimizer(...,
 shard_optimizer_state=True)``: gradients averaged by the reducer as usual,
 then this class's step.
 """
 import copy
 import io
+import warnings
 
 import torch
 
 from .. import _C
 from ._util import error, export, group_or_world, group_root, stream_of, wire
+from ._zero_overlap import Overlap, check_optimizer_class
 
 _CALL = "ZeroRedundancyOptimizer"
 
@@ -70,8 +77,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     ``ProcessSet``, a ``tutti.ProcessGroup``, or None for the world.
     ``parameters_as_bucket_view``: each rank's parameters on a device live
     in one flat bucket (``p.data`` is a view into it) broadcast as one
-    tensor.  ``overlap_with_ddp=True`` raises NotImplementedError (see
-    docs/python.md).  ``**defaults`` go to ``optimizer_class``.
+    tensor.  ``overlap_with_ddp=True``: the step runs inside the backward
+    of a tutti.torch.DistributedDataParallel whose comm hook is
+    ``ddp_comm_hooks.hook_with_zero_step(hook, ddp, zero)`` (or its
+    ``_interleaved`` twin); one parameter group, an optimizer_class that
+    updates each parameter on its own (torch's list), and
+    ``parameters_as_bucket_view`` is ignored (torch's warning); ``step()``
+    does nothing; the partition and ``self.optim`` exist after the hook's
+    warm-up passes.  ``**defaults`` go to ``optimizer_class``.
 
     The local optimizer is ``self.optim``; ``self.state`` stays empty.
     Gradients must already be averaged over the group when ``step()`` runs
@@ -80,19 +93,22 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_class, process_group=None,
                  parameters_as_bucket_view=False, overlap_with_ddp=False, **defaults):
         if overlap_with_ddp:
-            raise error(
-                NotImplementedError,
-                "tutti.torch.ZeroRedundancyOptimizer(overlap_with_ddp=True) is not "
-                "implemented: tutti's reducer does not hand finished buckets to Python "
-                "while backward runs.  Use overlap_with_ddp=False and call step() after "
-                "backward (tutti.torch.DistributedDataParallel already overlaps the "
-                "gradient all-reduce with backward), or "
-                "DistributedOptimizer(opt, shard_optimizer_state=True)")
+            check_optimizer_class(optimizer_class)
+            if parameters_as_bucket_view:
+                warnings.warn("ZeroRedundancyOptimizer: parameters_as_bucket_view=True is "
+                              "ignored since overlap_with_ddp=True; the parameters are "
+                              "flattened per DDP bucket instead (as torch)", stacklevel=2)
+                parameters_as_bucket_view = False
         self._initialized = False
+        self._overlap = None
         params = self._check_params(params)
         super().__init__(params, defaults)
         self._all_params = [p for g in self.param_groups for p in g["params"]]
         self._check_same_type()
+        if overlap_with_ddp and len(self.param_groups) != 1:
+            raise error(ValueError,
+                        f"{_CALL}(overlap_with_ddp=True) supports a single parameter group "
+                        f"(as torch's), got {len(self.param_groups)}")
         self.process_group = process_group
         self._group = group_or_world(process_group, _CALL)
         self.world_size = self._group.size
@@ -101,10 +117,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._partition = None  # [rank][group index] -> list of parameters
         self._owner = {}        # id(parameter) -> rank
         self._index = {}        # id(parameter) -> global index
-        self._repartition()
-        self.optim = optimizer_class(self._local_groups(), **defaults)
-        self._sync_groups(self.optim.param_groups, self.param_groups)
+        self._optimizer_class, self._defaults = optimizer_class, defaults
         self._trainable = [_is_trainable(p) for p in self._all_params]
+        if overlap_with_ddp:  # partition and local optimizer: after the warm-up
+            self._index = {id(p): i for i, p in enumerate(self._all_params)}
+            self.optim = None
+            self._overlap = Overlap(self)
+        else:
+            self._repartition()
+            self.optim = optimizer_class(self._local_groups(), **defaults)
+            self._sync_groups(self.optim.param_groups, self.param_groups)
         self._buckets = []  # [(device, [bucket of rank r or None])]
         self._build_buckets()
         self._all_state_dicts = []
@@ -216,6 +238,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """Adds a group on every rank (collective in effect: every rank must
         call it with the same parameters).  The earlier groups keep their
         owners; the new group's parameters are partitioned greedily."""
+        if self._initialized and self._overlap is not None:
+            raise error(_C.InvalidArgumentError,
+                        f"{_CALL}(overlap_with_ddp=True) supports a single parameter group "
+                        "(as torch's): add_param_group() is refused")
         super().add_param_group(param_group)
         if not self._initialized:
             return
@@ -228,7 +254,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def step(self, closure=None, **kwargs):
         """Steps this rank's partition with the local optimizer, then
         broadcasts every parameter from its owner.  Returns the closure's
-        loss, as torch optimizers do."""
+        loss, as torch optimizers do.  With overlap_with_ddp=True: warns and
+        returns None (the step ran in backward), as torch; raises when no
+        registered hook_with_zero_step could ever update the parameters."""
+        if self._overlap is not None:
+            self._overlap.check_step()
+            return None
         trainable = [_is_trainable(p) for p in self._all_params]
         if trainable != self._trainable:  # parameters were frozen or unfrozen
             self._trainable = trainable
@@ -274,12 +305,57 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             for p, t in copies:
                 p.data.copy_(t)
 
+    # ---- overlap_with_ddp (called by _zero_overlap.Overlap) ------------------------------
+
+    def _overlap_partition(self, per_rank):
+        """The partition from the DDP's buckets (one group) and the local
+        optimizer over this rank's part."""
+        self._partition = [[list(ps)] for ps in per_rank]
+        self._owner = {id(p): r for r, ps in enumerate(per_rank) for p in ps}
+        self.optim = self._optimizer_class(self._local_groups(), **self._defaults)
+        self._sync_groups(self.optim.param_groups, self.param_groups)
+
+    def _step_subset(self, params, grads):
+        """The local optimizer's step over ``params`` only (this rank's part
+        of a bucket), with ``grads`` as their gradients; .grad is restored
+        afterwards (the DDP writes the averages there when backward ends)."""
+        trainable = [_is_trainable(p) for p in self._all_params]
+        if trainable != self._trainable:
+            raise error(_C.InvalidArgumentError,
+                        f"{_CALL}(overlap_with_ddp=True) does not support changing "
+                        "requires_grad at run time (as torch)")
+        self._sync_groups(self.param_groups, self.optim.param_groups)
+        group = self.optim.param_groups[0]
+        kept_params, kept_grads = group["params"], [p.grad for p in params]
+        try:
+            group["params"] = params
+            for p, g in zip(params, grads):
+                p.grad = g
+            self.optim.step()
+        finally:
+            group["params"] = kept_params
+            for p, g in zip(params, kept_grads):
+                p.grad = g
+        self._sync_groups(self.optim.param_groups, self.param_groups)
+        self._loaded = None
+
+    def _check_overlap_initialized(self, call):
+        if self._overlap is not None and not self._overlap.initialized:
+            warmup = ("2, or 3 with static_graph=True" if self._overlap.warmup is None
+                      else str(self._overlap.warmup))
+            raise error(_C.InvalidArgumentError,
+                        f"{_CALL}.{call}: with overlap_with_ddp=True the partition follows "
+                        "the DDP's buckets and exists only after the warm-up backward passes "
+                        f"of hook_with_zero_step ({warmup}; "
+                        f"{self._overlap.passes} ran)")
+
     # ---- state ---------------------------------------------------------------------------
 
     def consolidate_state_dict(self, to=0):
         """Collective: gathers every rank's local optimizer state on rank
         ``to`` of the group (on the host), where ``state_dict()`` then
         returns the whole state.  Other ranks drop any consolidated copy."""
+        self._check_overlap_initialized("consolidate_state_dict()")
         if not isinstance(to, int) or not 0 <= to < self.world_size:
             raise error(_C.InvalidArgumentError,
                         f"{_CALL}.consolidate_state_dict(to={to!r}): `to` must be a rank "
@@ -309,6 +385,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         tensors on the host) as of the last ``consolidate_state_dict()``;
         only on the rank it consolidated to (InvalidArgumentError, a
         RuntimeError, elsewhere, as torch raises)."""
+        self._check_overlap_initialized("state_dict()")
         if not self._all_state_dicts:
             where = ("" if self._consolidated_to is None else
                      f" (it was consolidated to rank {self._consolidated_to})")
@@ -339,7 +416,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Loads an unsharded state dict (``state_dict()``'s, or a plain torch
         optimizer's, saved at any world size): this rank keeps its
-        partition's entries; every group's settings are taken."""
+        partition's entries; every group's settings are taken.  With
+        overlap_with_ddp=True before the warm-up ended, the dict is checked
+        and kept, and loaded when the partition is made."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise error(ValueError,
@@ -351,6 +430,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                             f"{_CALL}: loaded state dict's parameter group {k} has "
                             f"{len(saved['params'])} parameters, the optimizer's "
                             f"{len(group['params'])}")
+        if self._overlap is not None and not self._overlap.initialized:
+            self._overlap.pending_load = state_dict
+            return
         saved_state = state_dict["state"]
         local = {"state": {}, "param_groups": []}
         next_local = 0
@@ -375,6 +457,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         the optimizer's state as replicated tensors; like the unsharded
         optimizer's, the whole state is then on every rank for a moment)."""
         from .functions import allgather_object
+        self._check_overlap_initialized("state (checkpoint.save)")
         self._sync_groups(self.param_groups, self.optim.param_groups)
         every = allgather_object(_to_cpu(self.optim.state_dict()),
                                  name=f"{_CALL} full state", process_set=self._group)
@@ -388,6 +471,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         broadcasts"), else every rank's partition consolidated on the root.
         ``root_rank`` counts as ``process_set`` numbers it."""
         call = "hvd.broadcast_optimizer_state()"
+        self._check_overlap_initialized(call)
         root = group_root(process_set if process_set is not None else self.process_group,
                           root_rank, call)
         g = self._group
@@ -417,10 +501,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def partition(self, rank=None):
         """The parameters rank ``rank`` (default: this one) updates, one list
         per parameter group."""
+        self._check_overlap_initialized("partition()")
         return [list(ps) for ps in self._partition[self.rank if rank is None else rank]]
 
     def owner(self, param):
         """The group rank that updates ``param``."""
+        self._check_overlap_initialized("owner()")
         return self._owner[id(param)]
 
 
