@@ -136,10 +136,11 @@ def test_parity_with_ddp_and_torch_optimizer(rank, size, name, variant):
 
 def test_shard_buckets_and_static_graph(rank, size):
     """shard_buckets=True splits the big bucket (closed-form owners above);
-    static_graph=True makes the warm-up three passes, as torch's."""
+    static_graph=True makes the warm-up three passes, as torch's; with
+    gradient_as_bucket_view=True (.grad is the bucket's slot)."""
     cls, kw = OPTIMIZERS["adam"]
     ddp, zero = overlapped(cls, kw, hook_with_zero_step, cap=1.5, shard=True,
-                           static_graph=True)
+                           static_graph=True, gradient_as_bucket_view=True)
     ref, ref_opt = reference(cls, kw, cap=1.5, static_graph=True)
     assert len(ddp.reducer.buckets) == 2
     run_side_by_side(ddp, zero, ref, ref_opt, STEPS, 3, rank)
@@ -224,5 +225,50 @@ def test_parameter_outside_the_ddp(rank, size):
                                        overlap_with_ddp=True, lr=0.1)
     ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))
     backward(ddp, zero.zero_grad, 0, rank)
-    with pytest.raises(Exception, match="parameter 6 .*in none of the DDP's buckets"):
+    with pytest.raises(RuntimeError, match="InvalidArgumentError: rank .*parameter 6 .*in none "
+                       "of the DDP's buckets"):
         backward(ddp, zero.zero_grad, 1, rank)
+
+
+@pytest.mark.parametrize("variant", sorted(HOOKS))
+def test_where_the_step_runs(rank, size, variant):
+    """interleaved: a bucket's step runs before the next bucket reaches the
+    hook (during backward); hook_with_zero_step: after the last bucket's
+    hook.  Both: done when backward returns (the parameters differ from the
+    start on every rank)."""
+    events = []
+
+    def recording_hook(state, bucket):
+        events.append(("hook", bucket.index()))
+        return allreduce_hook(state, bucket)
+    ddp = hvd.DistributedDataParallel(make_net(), bucket_cap_mb=TINY)
+    zero = hvd.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD,
+                                       overlap_with_ddp=True, lr=0.1)
+    ddp.register_comm_hook(None, HOOKS[variant](recording_hook, ddp, zero))
+    for step in range(2):
+        backward(ddp, zero.zero_grad, step, rank)
+    bucket_of = {id(p): k for k, names in enumerate(BUCKETS)
+                 for n, p in ddp.module.named_parameters() if n in names}
+    local_step = zero.optim.step
+
+    def recording_step(*args, **kwargs):
+        events.append(("step", bucket_of[id(zero.optim.param_groups[0]["params"][0])]))
+        return local_step(*args, **kwargs)
+    zero.optim.step = recording_step
+    events.clear()
+    before = [p.detach().clone() for p in ddp.parameters()]
+    backward(ddp, zero.zero_grad, 2, rank)
+    assert all(not torch.equal(p, b) for p, b in zip(ddp.parameters(), before))
+    mine = [k for k in range(len(BUCKETS)) if k % size == rank]
+    hooks = [("hook", k) for k in range(len(BUCKETS))]
+    if variant == "interleaved":
+        want = []
+        for k in range(len(BUCKETS)):
+            want.append(("hook", k))
+            if k in mine and k + 1 < len(BUCKETS):
+                want.append(("step", k))
+        if len(BUCKETS) - 1 in mine:
+            want.append(("step", len(BUCKETS) - 1))
+    else:
+        want = hooks + [("step", k) for k in mine]
+    assert events == want
