@@ -272,3 +272,20 @@ def test_where_the_step_runs(rank, size, variant):
     else:
         want = hooks + [("step", k) for k in mine]
     assert events == want
+
+
+def test_loss_scaled_gradients_are_refused(rank, size):
+    """A tutti loss scaler hands its scale to the DDP: stepping inside
+    backward would use scaled gradients (no unscale, no overflow check), so
+    the hook refuses them after the warm-up, before any collective."""
+    ddp = hvd.DistributedDataParallel(make_net(), bucket_cap_mb=TINY)
+    zero = hvd.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD,
+                                       overlap_with_ddp=True, lr=0.1)
+    ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))
+    scaler = hvd.amp.LossScaler(init_scale=4.0)
+    for step in range(2):  # warm-up: no step, nothing to refuse
+        x, y = batch(step, rank)
+        scaler.scale(F.mse_loss(ddp(x), y)).backward()
+    x, y = batch(2, rank)
+    with pytest.raises(tutti.InvalidArgumentError, match=f"rank {rank}: .*AMP loss scale"):
+        scaler.scale(F.mse_loss(ddp(x), y)).backward()

@@ -124,6 +124,16 @@ class Overlap:
 
     # ---- per bucket (called by the hooks) ------------------------------------------
 
+    def check_scale(self, bucket):
+        """Scaled gradients (a tutti loss scaler handed its scale to the DDP)
+        would be stepped before any unscale or overflow check."""
+        if self.initialized and bucket.loss_scale is not None:
+            raise error(_C.InvalidArgumentError,
+                        f"{_CALL}: bucket {bucket.index()}'s gradients carry an AMP loss scale; "
+                        "the step runs inside backward, before any unscale or Inf/NaN check "
+                        "(torch's overlap has none either).  Use overlap_with_ddp=False with "
+                        "the loss scaler")
+
     def on_bucket(self, bucket, fut, interleaved):
         """Returns the Future the hook hands to the DDP for ``bucket``."""
         k = bucket.index()

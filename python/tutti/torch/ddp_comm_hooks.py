@@ -205,6 +205,7 @@ def _zero_hook(hook, ddp, zero, shard_buckets, interleaved, call):
         raise TypeError(f"{call}: hook must be callable, got {hook!r}")
 
     def hook_with_zero(state, bucket):
+        overlap.check_scale(bucket)  # before any collective: every rank raises here
         return overlap.on_bucket(bucket, hook(state, bucket), interleaved)
     hook_with_zero.__qualname__ = f"{call.partition('(')[0]}({_hook_name(hook)})"
     overlap.bind(ddp, hook_with_zero, shard_buckets, call)
