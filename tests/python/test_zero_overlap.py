@@ -289,3 +289,19 @@ def test_loss_scaled_gradients_are_refused(rank, size):
     x, y = batch(2, rank)
     with pytest.raises(tutti.InvalidArgumentError, match=f"rank {rank}: .*AMP loss scale"):
         scaler.scale(F.mse_loss(ddp(x), y)).backward()
+
+
+def test_rank_without_a_bucket(rank, size):
+    """Default bucket sizes: two buckets ([fc3.bias], the rest), so at W = 3
+    rank 2 owns nothing (an empty local optimizer); training and the
+    consolidated state are still the unsharded optimizer's."""
+    cls, kw = OPTIMIZERS["adam"]
+    ddp, zero = overlapped(cls, kw, hook_with_zero_step_interleaved, cap=None)
+    ref, ref_opt = reference(cls, kw, cap=None)
+    assert len(ddp.reducer.buckets) == 2
+    run_side_by_side(ddp, zero, ref, ref_opt, 3, 2, rank)
+    owned = {0: 1, 1: 5}.get(rank, 0) if size > 1 else 6  # bucket k -> rank k mod W
+    assert sum(len(g["params"]) for g in zero.optim.param_groups) == owned
+    zero.consolidate_state_dict(to=0)
+    if rank == 0:
+        assert_same_state_dict(zero.state_dict(), ref_opt.state_dict())
