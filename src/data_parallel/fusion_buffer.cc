@@ -36,12 +36,27 @@ bool FusionBuffer::allocate(Device device, DType dtype, int64_t numel,
 }
 
 void FusionBuffer::release(HostBufferPool& pool) {
-  if (device_.is_cpu()) pool.release(std::move(host_));
+  if (device_.is_cpu() && host_.data()) pool.release(std::move(host_));
+  free();
+}
+
+void FusionBuffer::free() {
+  host_ = HostBuffer();
 #if TUTTI_WITH_CUDA
   dev_ = cuda::DeviceBuffer();
 #endif
   data_ = nullptr;
   numel_ = 0;
+  borrowed_ = false;
+}
+
+void FusionBuffer::borrow(void* data, Device device, DType dtype, int64_t numel) {
+  TUTTI_CHECK(borrowed_ || data_ == nullptr, "fusion buffer borrows over its own memory");
+  device_ = device;
+  dtype_ = dtype;
+  numel_ = numel;
+  data_ = data;
+  borrowed_ = true;
 }
 
 void* FusionBuffer::at(int64_t offset) const {

@@ -28,6 +28,14 @@ class FusionBuffer {
   bool allocate(Device device, DType dtype, int64_t numel, HostBufferPool& pool);
   // Gives host memory back to the pool (device memory is freed).
   void release(HostBufferPool& pool);
+  // Frees the memory outright (host memory is not kept in a pool), or
+  // forgets borrowed memory.
+  void free();
+  // Views `numel` elements of `dtype` at `data`, memory owned elsewhere (a
+  // pooled bucket buffer, Reducer::set_bucket_collective); nothing is
+  // allocated or zeroed.  Ends with free() (or another borrow()).
+  void borrow(void* data, Device device, DType dtype, int64_t numel);
+  bool borrowed() const { return borrowed_; }
 
   void* data() const { return data_; }
   Device device() const { return device_; }
@@ -52,6 +60,7 @@ class FusionBuffer {
   DType dtype_ = DType::kFloat32;
   int64_t numel_ = 0;
   void* data_ = nullptr;
+  bool borrowed_ = false;
   HostBuffer host_;
 #if TUTTI_WITH_CUDA
   cuda::DeviceBuffer dev_;

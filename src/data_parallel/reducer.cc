@@ -394,17 +394,28 @@ const char* ReducerImpl::mode_name() const {
   return "?";
 }
 
-void ReducerImpl::set_bucket_collective(BucketCollective fn) {
+void ReducerImpl::set_bucket_collective(BucketCollective fn, int pooled_buffers) {
   std::lock_guard<std::mutex> lock(mu_);
   require_built("set_bucket_collective()");
   TUTTI_ARG_CHECK(!step_in_flight(), "Reducer '", opt_.name,
                   "': set_bucket_collective() during a backward pass");
+  TUTTI_ARG_CHECK(pooled_buffers >= 0, "Reducer '", opt_.name,
+                  "': pooled_buffers = ", pooled_buffers, " must be >= 0 (0: no pool)");
+  TUTTI_ARG_CHECK(pooled_buffers == 0 || (fn && !opt_.gradient_as_bucket_view &&
+                                          (order_learned_ || !opt_.learn_bucket_order)),
+                  "Reducer '", opt_.name, "': pooled_buffers = ", pooled_buffers,
+                  " needs a bucket collective (the write-back reads every bucket), "
+                  "gradient_as_bucket_view = false (gradients cannot live in buffers "
+                  "that move between buckets) and a fixed bucket order "
+                  "(learn_bucket_order = false, or after the first step)");
   TUTTI_ARG_CHECK(!fn || (mode_ == Mode::kFlat && opt_.op == ReduceOp::kAvg &&
                           opt_.gradient_predivide_factor == 1.0),
                   "Reducer '", opt_.name, "': a bucket collective needs the plain "
                   "all-reduce mode (no compressor, hierarchical=false, op kAvg, "
                   "gradient_predivide_factor 1); this reducer is ", mode_name());
   collective_ = std::move(fn);
+  if (pooled()) remove_pool();
+  if (pooled_buffers > 0) install_pool(pooled_buffers);
   // The hook runs its collectives on its own group, in launch order: one
   // launch chain (bucket order), or buckets on different chains would reach
   // that group in rank-dependent orders.
@@ -491,7 +502,9 @@ bool ReducerImpl::next_pass_reduces() const {
 
 ReducerStats ReducerImpl::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  ReducerStats s = stats_;
+  s.bucket_bytes = bucket_bytes();
+  return s;
 }
 
 // ---- public layer -----------------------------------------------------------
@@ -533,8 +546,8 @@ void Reducer::broadcast_state(Stateful& component, int root, void* stream) {
   impl_->broadcast_state(component.state_dict(), root, stream);
   if (impl_->group_->rank() != root) component.on_state_loaded();
 }
-void Reducer::set_bucket_collective(BucketCollective fn) {
-  impl_->set_bucket_collective(std::move(fn));
+void Reducer::set_bucket_collective(BucketCollective fn, int pooled_buffers) {
+  impl_->set_bucket_collective(std::move(fn), pooled_buffers);
 }
 int Reducer::parameter_index(const std::string& name) const {
   return impl_->parameter_index(name);

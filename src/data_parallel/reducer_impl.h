@@ -35,7 +35,16 @@
 //    same values synchronize() would use), so its bucket can launch;
 //  * gradient_as_bucket_view: Param::grad IS the bucket slice; copies into
 //    the bucket and the write-back are skipped, the average is formed in
-//    place (the write-back's chunk table points into the bucket itself).
+//    place (the write-back's chunk table points into the bucket itself);
+//  * pooled buffers (a bucket collective with pooled_buffers > 0,
+//    reducer_pool.cc): Bucket::buffer borrows a PoolSlot from the first
+//    write of a reducing pass (copy_into_bucket, fill_slot) until its
+//    collective was waited for (synchronize, or acquire_buffer recycling
+//    the oldest launched bucket); reset_step() returns whatever is held.
+//    Waits only ever target a launched bucket, and a rank blocked on bucket
+//    k has launched every bucket before k (one chain), so the lowest bucket
+//    any rank waits for is launched by every rank (a rank not blocked goes on
+//    to synchronize(), which launches everything): no deadlock.
 #pragma once
 
 #include <memory>
@@ -74,6 +83,17 @@ struct Param {
   DType grad_dtype = DType::kFloat32;  // the bucket's dtype
 };
 
+// A pooled bucket buffer (Reducer::set_bucket_collective).
+struct PoolSlot {
+  FusionBuffer mem;  // the largest padded bucket's bytes
+#if TUTTI_WITH_CUDA
+  // Recorded on the stream of its last bucket once that bucket's collective
+  // was waited for; the next bucket's stream waits for it before writing.
+  std::unique_ptr<cuda::Event> released;
+  bool recorded = false;
+#endif
+};
+
 struct Bucket {
   PlannedBucket plan;
   std::string op_name;  // "dp bucket 3"
@@ -93,6 +113,7 @@ struct Bucket {
   std::unique_ptr<cuda::Event> launched;
   std::unique_ptr<cuda::Event> reduced;
 #endif
+  int pool_slot = -1;       // pooled: the PoolSlot `buffer` borrows, or -1
   int pending = 0;          // slots not yet filled in this pass
   int chain = 0;            // launch chain (see the protocol above)
   bool issued = false;      // launched in this pass
@@ -128,7 +149,7 @@ class ReducerImpl {
   ReducerStats stats() const;
   // The reducing-step counter (Reducer::state_dict views it).
   int64_t* step_counter() { return &step_; }
-  void set_bucket_collective(BucketCollective fn);
+  void set_bucket_collective(BucketCollective fn, int pooled_buffers);
   int parameter_index(const std::string& name) const;
   Tensor parameter(int index) const;
   void set_grad_scale(float scale) {
@@ -167,6 +188,14 @@ class ReducerImpl {
   int64_t divisor() const;
   double post_divisor() const;
   void divide_bucket(dp::Bucket& b, double by, void* stream);
+  // pooled bucket buffers (reducer_pool.cc)
+  bool pooled() const { return !pool_slots_.empty(); }
+  void install_pool(int buffers);
+  void remove_pool();
+  int add_pool_slot();
+  void acquire_buffer(dp::Bucket& b, void* stream);
+  void release_buffer(dp::Bucket& b);
+  int64_t bucket_bytes() const;
   // reducer.cc
   void check_plan_agrees();
   void allocate_bucket(dp::Bucket& b);
@@ -203,6 +232,10 @@ class ReducerImpl {
   int64_t step_ = 0;
   float grad_scale_ = 1.0f;  // Reducer::set_gradient_scale
   BucketCollective collective_;  // replaces the all-reduce (ZeRO-2)
+  // Pooled bucket buffers (empty: every bucket owns its buffer).
+  std::vector<std::unique_ptr<dp::PoolSlot>> pool_slots_;
+  std::vector<int> free_slots_;
+  int64_t pool_slot_bytes_ = 0;
   ReducerStats stats_;
   HostBufferPool pool_;
   std::unique_ptr<dp::HierarchicalAllreduce> hier_;

@@ -72,9 +72,9 @@ ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper&
   build_step_lists();
   reduced_steps_ = reducer_.stats().steps;
   if (opt_.stage == 2)
-    reducer_.set_bucket_collective([this](int b, const Tensor& flat, const OpOptions& o) {
-      return reduce_scatter(b, flat, o);
-    });
+    reducer_.set_bucket_collective(
+        [this](int b, const Tensor& flat, const OpOptions& o) { return reduce_scatter(b, flat, o); },
+        reducer_.options().gradient_as_bucket_view ? 0 : opt_.bucket_buffers);
 }
 
 ShardedOptimizerImpl::~ShardedOptimizerImpl() {
@@ -121,6 +121,9 @@ std::string ShardedOptimizerImpl::validate() const {
     return who + ": stage 2 replaces the all-reduce by a reduce-scatter and needs the "
            "reducer's plain mode (no compressor, hierarchical=false, op kAvg, "
            "gradient_predivide_factor 1); use reduce_dtype for compression";
+  if (opt_.bucket_buffers < 0)
+    return who + ": bucket_buffers = " + std::to_string(opt_.bucket_buffers) +
+           " (expected >= 0; 0: every bucket keeps its buffer)";
   if (opt_.reduce_dtype != DType::kFloat32 && opt_.reduce_dtype != DType::kFloat16 &&
       opt_.reduce_dtype != DType::kBFloat16)
     return who + ": reduce_dtype " + dtype_name(opt_.reduce_dtype) +
@@ -355,6 +358,13 @@ int64_t ShardedOptimizerImpl::state_bytes() const {
   return owned * 4 * static_cast<int64_t>(1 + optim::num_states(hyper_.kind));
 }
 
+int64_t ShardedOptimizerImpl::gradient_bytes() const {
+  int64_t bytes = reducer_.stats().bucket_bytes;
+  for (const Bucket& z : buckets_)
+    bytes += (z.grad.numel() + z.wire.numel()) * static_cast<int64_t>(dtype_size(z.wire_dtype));
+  return bytes;
+}
+
 int64_t ShardedOptimizerImpl::unsharded_state_bytes() const {
   int64_t all = 0;
   for (const Bucket& z : buckets_) all += z.layout.numel;
@@ -375,6 +385,7 @@ int64_t ShardedOptimizer::steps() const { return impl_->steps_; }
 const ShardedOptimizerOptions& ShardedOptimizer::options() const { return impl_->opt_; }
 const std::vector<ZeroShard>& ShardedOptimizer::shards() const { return impl_->shards_; }
 int64_t ShardedOptimizer::state_bytes() const { return impl_->state_bytes(); }
+int64_t ShardedOptimizer::gradient_bytes() const { return impl_->gradient_bytes(); }
 int64_t ShardedOptimizer::unsharded_state_bytes() const {
   return impl_->unsharded_state_bytes();
 }

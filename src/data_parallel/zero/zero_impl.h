@@ -82,6 +82,7 @@ class ShardedOptimizerImpl {
   StateDict consolidate();
   int64_t state_bytes() const;
   int64_t unsharded_state_bytes() const;
+  int64_t gradient_bytes() const;
 
   Reducer& reducer_;
   optim::Hyper hyper_;
