@@ -30,10 +30,12 @@
 // reducer and optimizer hold is O(model / W + a few buckets)
 // (gradient_bytes()).  In stage 2 a registered gradient is therefore never
 // a bucket view across steps: with gradient_as_bucket_view the buckets stay
-// whole (no gradient saving); use the copying reducer.  Stage 1 keeps the all-reduce (every gradient holds
-// the average) and reads its shard.  Both then run one fused optim::step
-// over the shard, round the new master weights into a bucket-shaped copy of
-// the parameters (model dtype), all-gather it, and write the parameters.
+// whole (no gradient saving); use the copying reducer.  Stage 1 keeps the
+// all-reduce (every gradient holds the average) and reads its shard.  Both
+// then, bucket by bucket, run a fused optim::step over the bucket's shard,
+// round the new master weights into a bucket-shaped buffer (model dtype;
+// from a small pool, options.gather_buffers), all-gather it, and write the
+// parameters.
 //
 // Contracts:
 //  * Construct after reducer.build() and the parameter broadcast (the master
@@ -93,6 +95,15 @@ struct ShardedOptimizerOptions {
   // and with bucket views (whose gradients live in the buckets).  Local:
   // may differ across ranks.  Must be >= 0.
   int bucket_buffers = 2;
+  // The parameter all-gather's bucket-shaped buffers (W * S_b elements in
+  // the model dtype): without overlap_all_gather, a pool of this many,
+  // each taken by a bucket for its update and all-gather and given back
+  // once its parameters are written (a bucket finding the pool empty first
+  // finishes the oldest all-gather in flight); so they cost gather_buffers
+  // buckets instead of one more model copy.  0, or overlap_all_gather
+  // (every all-gather launched before the first wait): one per bucket.
+  // Both stages.  Local: may differ across ranks.  Must be >= 0.
+  int gather_buffers = 2;
   // Prefix of the state names and of error messages.
   std::string name = "zero";
 };
@@ -157,6 +168,10 @@ class TUTTI_API ShardedOptimizer : public Stateful {
   // registered gradient tensors (copying reducer) - with bucket views
   // those are the buckets, counted once.
   int64_t gradient_bytes() const;
+  // Bytes of the all-gather buffers on this rank (gather_buffers' pool, or
+  // one per bucket): sum_b W * S_b elements unpooled, gather_buffers *
+  // max_b W * S_b pooled.
+  int64_t gather_bytes() const;
 
   // Stateful: "<name>/b<i>/master" and "<name>/b<i>/state<k>" (float32,
   // ShardInfo::flat over the bucket's N_b elements, group "dp"), and

@@ -118,6 +118,36 @@ void FusionBuffer::zero(int64_t offset, int64_t numel, void* stream) {
 #endif
 }
 
+std::unique_ptr<PoolSlot> make_pool_slot(Device device, int64_t bytes, HostBufferPool& pool) {
+  std::unique_ptr<PoolSlot> slot(new PoolSlot);
+  slot->mem.allocate(device, DType::kUInt8, bytes, pool);
+#if TUTTI_WITH_CUDA
+  if (device.is_cuda()) slot->released.reset(new cuda::Event(device.index));
+#endif
+  return slot;
+}
+
+void wait_released(PoolSlot& slot, Device device, void* stream) {
+#if TUTTI_WITH_CUDA
+  if (!slot.recorded) return;
+  cuda::DeviceGuard g(device.index);
+  TUTTI_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), slot.released->get(), 0));
+#else
+  (void)slot, (void)device, (void)stream;
+#endif
+}
+
+void mark_released(PoolSlot& slot, Device device, void* stream) {
+#if TUTTI_WITH_CUDA
+  if (!slot.released) return;
+  cuda::DeviceGuard g(device.index);
+  slot.released->record(static_cast<cudaStream_t>(stream));
+  slot.recorded = true;
+#else
+  (void)slot, (void)device, (void)stream;
+#endif
+}
+
 #if TUTTI_WITH_CUDA
 cuda::DeviceBuffer upload_to_device(int device, const void* host, size_t bytes) {
   cuda::DeviceBuffer b(device, bytes);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/host_buffer.h"
 #include "tutti/tensor.h"
@@ -66,6 +67,25 @@ class FusionBuffer {
   cuda::DeviceBuffer dev_;
 #endif
 };
+
+// A buffer that buckets borrow in turn (the reducer's pooled bucket
+// buffers, the sharded optimizer's all-gather buffers).
+struct PoolSlot {
+  FusionBuffer mem;
+#if TUTTI_WITH_CUDA
+  // Recorded on the stream of the last borrower once it is done with the
+  // memory; the next borrower's stream waits for it before writing.
+  std::unique_ptr<cuda::Event> released;
+  bool recorded = false;
+#endif
+};
+
+// `bytes` bytes on `device` (host memory from `pool`).
+std::unique_ptr<PoolSlot> make_pool_slot(Device device, int64_t bytes, HostBufferPool& pool);
+// The next borrower, writing on `stream`, waits for the last release.
+void wait_released(PoolSlot& slot, Device device, void* stream);
+// The borrower is done with the memory once `stream` gets here.
+void mark_released(PoolSlot& slot, Device device, void* stream);
 
 #if TUTTI_WITH_CUDA
 // A device copy of `bytes` host bytes (a chunk table), made once at build.

@@ -83,17 +83,6 @@ struct Param {
   DType grad_dtype = DType::kFloat32;  // the bucket's dtype
 };
 
-// A pooled bucket buffer (Reducer::set_bucket_collective).
-struct PoolSlot {
-  FusionBuffer mem;  // the largest padded bucket's bytes
-#if TUTTI_WITH_CUDA
-  // Recorded on the stream of its last bucket once that bucket's collective
-  // was waited for; the next bucket's stream waits for it before writing.
-  std::unique_ptr<cuda::Event> released;
-  bool recorded = false;
-#endif
-};
-
 struct Bucket {
   PlannedBucket plan;
   std::string op_name;  // "dp bucket 3"

@@ -50,14 +50,9 @@ void ReducerImpl::remove_pool() {
 }
 
 int ReducerImpl::add_pool_slot() {
-  std::unique_ptr<dp::PoolSlot> slot(new dp::PoolSlot);
-  const Device device = buckets_.front().plan.layout.device;
-  slot->mem.allocate(device, DType::kUInt8, pool_slot_bytes_, pool_);
-#if TUTTI_WITH_CUDA
-  if (device.is_cuda()) slot->released.reset(new cuda::Event(device.index));
-#endif
+  pool_slots_.push_back(
+      dp::make_pool_slot(buckets_.front().plan.layout.device, pool_slot_bytes_, pool_));
   ++stats_.buffer_allocations;
-  pool_slots_.push_back(std::move(slot));
   return static_cast<int>(pool_slots_.size()) - 1;
 }
 
@@ -90,13 +85,7 @@ void ReducerImpl::acquire_buffer(Bucket& b, void* stream) {
   dp::PoolSlot& slot = *pool_slots_[static_cast<size_t>(s)];
   const BucketLayout& l = b.plan.layout;
   const int64_t padded = padded_bytes(b, group_->size()) / static_cast<int64_t>(dtype_size(l.dtype));
-#if TUTTI_WITH_CUDA
-  if (slot.recorded) {
-    cuda::DeviceGuard g(l.device.index);
-    TUTTI_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                         slot.released->get(), 0));
-  }
-#endif
+  dp::wait_released(slot, l.device, stream);
   b.buffer->borrow(slot.mem.data(), l.device, l.dtype, padded);
   b.pool_slot = s;
   // Every slot of the bucket is written before its launch; the padding
@@ -107,16 +96,8 @@ void ReducerImpl::acquire_buffer(Bucket& b, void* stream) {
 // After b's collective was waited for (its Work made b.stream wait).
 void ReducerImpl::release_buffer(Bucket& b) {
   if (b.pool_slot < 0) return;
-  dp::PoolSlot& slot = *pool_slots_[static_cast<size_t>(b.pool_slot)];
-#if TUTTI_WITH_CUDA
-  if (slot.released) {
-    cuda::DeviceGuard g(b.plan.layout.device.index);
-    slot.released->record(static_cast<cudaStream_t>(b.stream));
-    slot.recorded = true;
-  }
-#else
-  (void)slot;
-#endif
+  dp::mark_released(*pool_slots_[static_cast<size_t>(b.pool_slot)], b.plan.layout.device,
+                    b.stream);
   free_slots_.push_back(b.pool_slot);
   b.pool_slot = -1;
   b.buffer->free();

@@ -8,6 +8,8 @@
 // counts are closed forms of the layout, so before the pool (every bucket's
 // buffer resident in stage 2 as well) the first test fails.
 //
+// The all-gather buffers: one per bucket (a model copy) or a pool.
+//
 // Parity of the pooled stage 2 with the unsharded optimizer: bit-identical
 // at W = 2; at W = 4 within kStage2Bound relative (the reduce-scatter may
 // sum in another order than the all-reduce; see test_zero.cc).
@@ -143,6 +145,39 @@ TEST(ZeroMemory, PooledStage2AccumulationAndOrderParity) {
     EXPECT_LE(st.bucket_bytes, l.buckets * l.max_padded);
     EXPECT_EQ(z.zero->gradient_bytes(), l.shard_bytes + st.bucket_bytes);
     if (world()->rank() != 0) EXPECT_GE(st.pool_growths, 1);
+  }
+}
+
+// The parameter all-gather: gather_buffers = 0 (or overlap_all_gather)
+// keeps one W * S_b buffer per bucket, i.e. one more model copy; a pool of
+// n keeps n of the largest.  With a pool of 1 every bucket's all-gather is
+// finished before the next bucket updates; the parameters are the same bits
+// as with one buffer per bucket, in both stages.
+TEST(ZeroMemory, AllGatherUsesPooledBuffers) {
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    ZeroConfig c;
+    c.hyper = test::test_hyper(optim::Kind::kAdamW);
+    c.stage = stage;
+    c.gather_buffers = 0;
+    ZeroModel whole(world(), c);
+    const Layout l = layout_of(whole);
+    EXPECT_EQ(whole.zero->gather_bytes(), l.padded_bytes);
+    c.overlap_all_gather = true;
+    c.gather_buffers = 1;  // ignored: every all-gather is in flight at once
+    ZeroModel overlap(world(), c);
+    EXPECT_EQ(overlap.zero->gather_bytes(), l.padded_bytes);
+    c.overlap_all_gather = false;
+    train(whole, 2);
+    for (int n : {1, 2}) {
+      SCOPED_TRACE("gather_buffers " + std::to_string(n));
+      c.gather_buffers = n;
+      ZeroModel z(world(), c);
+      EXPECT_EQ(z.zero->gather_bytes(), n * l.max_padded);
+      train(z, 2);
+      EXPECT_EQ(z.zero->gather_bytes(), n * l.max_padded);
+      EXPECT_EQ(z.param_bytes(), whole.param_bytes());
+    }
   }
 }
 

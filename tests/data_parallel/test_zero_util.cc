@@ -62,6 +62,7 @@ ZeroModel::ZeroModel(ProcessGroupPtr g, const ZeroConfig& c)
     o.reduce_dtype = c.reduce_dtype;
     o.overlap_all_gather = c.overlap_all_gather;
     o.bucket_buffers = c.bucket_buffers;
+    o.gather_buffers = c.gather_buffers;
     zero.reset(new ShardedOptimizer(*reducer, c.hyper, o));
     return;
   }

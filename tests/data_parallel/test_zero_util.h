@@ -30,6 +30,7 @@ struct ZeroConfig {
   DType reduce_dtype = DType::kFloat32;
   bool overlap_all_gather = false;
   int bucket_buffers = 2;         // ShardedOptimizerOptions::bucket_buffers
+  int gather_buffers = 2;         // ShardedOptimizerOptions::gather_buffers
   int passes = 1;                 // ReducerOptions::backward_passes_per_step
   // Gradient sample k of step t is multiplied by this when t == overflow_step
   // on rank overflow_rank (inf: an overflow on one rank).
