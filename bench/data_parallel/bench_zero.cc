@@ -10,7 +10,7 @@
 //                    (unsharded: the whole model's), and the ratio to
 //                    unsharded (expected 1/W, up to uneven shards)
 //   optimizer bytes  everything the optimizer allocated (state, stage-2
-//                    gradient shard, all-gather buffer)
+//                    gradient shard, all-gather buffers: gather_bytes())
 //   grad bytes       gradient storage the reducer and optimizer hold
 //                    (ShardedOptimizer::gradient_bytes(): bucket buffers, or
 //                    stage 2's pool, + gradient shards; unsharded: the
@@ -32,6 +32,7 @@
 // Output: one JSON object on rank 0's stdout.
 //
 //   mpiexec -np 4 --oversubscribe bench_zero --params 4000000 --steps 10
+//   mpiexec -np 4 --oversubscribe bench_zero --layers 32 --cap-mb 0.5 --steps 5
 #include <malloc.h>
 
 #include <algorithm>
@@ -50,13 +51,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  int64_t params = 4000000;  // elements, split over kLayers tensors
+  int64_t params = 4000000;  // elements, split over `layers` tensors
+  int layers = 8;
   int steps = 10;
   int warmup = 2;
   double cap_mb = 25;
 };
-
-constexpr int kLayers = 8;
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -66,6 +66,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::atoi(argv[i + 1]);
     else if (k == "--warmup") a.warmup = std::atoi(argv[i + 1]);
     else if (k == "--cap-mb") a.cap_mb = std::atof(argv[i + 1]);
+    else if (k == "--layers") a.layers = std::atoi(argv[i + 1]);
   }
   return a;
 }
@@ -94,6 +95,7 @@ Result run(const Args& a, int variant) {
   auto w = tutti::world();
   const int W = w->size();
   const int64_t heap0 = heap_bytes();
+  const int kLayers = a.layers;
   const int64_t per = a.params / kLayers;
   std::vector<std::vector<float>> p(kLayers, std::vector<float>(static_cast<size_t>(per)));
   std::vector<std::vector<float>> g = p;
@@ -118,12 +120,10 @@ Result run(const Args& a, int variant) {
     if (variant == 3) o.bucket_buffers = 0;
     zero.reset(new tutti::ShardedOptimizer(reducer, h, o));
     r.state_bytes = zero->state_bytes();
-    int64_t gather = 0, grad = 0;
-    for (const auto& s : zero->shards()) {
-      gather += s.shard_numel * W * 4;
+    int64_t grad = 0;
+    for (const auto& s : zero->shards())
       if (stage == 2) grad += s.shard_numel * 4;
-    }
-    r.optimizer_bytes = r.state_bytes + gather + grad;
+    r.optimizer_bytes = r.state_bytes + zero->gather_bytes() + grad;
     r.name = stage == 1 ? "zero1" : variant == 3 ? "zero2-nopool" : "zero2";
     r.wire_bytes = (stage == 1 ? 3.0 : 2.0) * (W - 1) / W * static_cast<double>(total) * 4;
   } else {
@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
     if (w->rank() == 0) {
       const Result& u = rs[0];
       std::printf("{\"world\": %d, \"params\": %lld, \"steps\": %d, \"variants\": [\n", w->size(),
-                  static_cast<long long>(a.params / kLayers * kLayers), a.steps);
+                  static_cast<long long>(a.params / a.layers * a.layers), a.steps);
       for (size_t i = 0; i < rs.size(); ++i) {
         const Result& r = rs[i];
         std::printf(

@@ -304,7 +304,8 @@ class TUTTI_API Reducer : public Stateful {
   // pooled_buffers > 0 (copying reducers only: gradient_as_bucket_view =
   // false, and the bucket order fixed or already learned): the buckets'
   // full-size buffers are freed and replaced by a pool of that many buffers
-  // of the largest bucket's size.  A bucket takes one when its first slot
+  // of the largest bucket's size, unless that pool would take as much
+  // memory as the buckets' own buffers (then they are kept).  A bucket takes one when its first slot
   // is filled in a reducing pass and gives it back once fn's Work has
   // completed (synchronize(), or earlier: a bucket that finds the pool
   // empty waits, inside grad_ready(), for the oldest launched bucket's

@@ -91,9 +91,12 @@ struct ShardedOptimizerOptions {
   // Gradient memory on this rank is then sum_b S_b + bucket_buffers *
   // max_b N_b elements instead of sum_b (S_b + N_b).  2 (default) lets one
   // bucket fill while the previous one is reduce-scattered; 1 serialises
-  // them; 0 keeps every bucket's buffer (no saving).  Ignored in stage 1
-  // and with bucket views (whose gradients live in the buckets).  Local:
-  // may differ across ranks.  Must be >= 0.
+  // them; 0 keeps every bucket's buffer (no saving), and so does a pool
+  // that would not be smaller than the buckets (bucket_buffers * the
+  // largest padded bucket >= all of them: few buckets, e.g. the default
+  // 25 MiB cap on a small model; lower ReducerOptions::bucket_cap_mb).
+  // Ignored in stage 1 and with bucket views (whose gradients live in the
+  // buckets).  Local: may differ across ranks.  Must be >= 0.
   int bucket_buffers = 2;
   // The parameter all-gather's bucket-shaped buffers (W * S_b elements in
   // the model dtype): without overlap_all_gather, a pool of this many,
@@ -101,7 +104,8 @@ struct ShardedOptimizerOptions {
   // once its parameters are written (a bucket finding the pool empty first
   // finishes the oldest all-gather in flight); so they cost gather_buffers
   // buckets instead of one more model copy.  0, or overlap_all_gather
-  // (every all-gather launched before the first wait): one per bucket.
+  // (every all-gather launched before the first wait): one per bucket; so
+  // too when the pool would not be smaller (as for bucket_buffers).
   // Both stages.  Local: may differ across ranks.  Must be >= 0.
   int gather_buffers = 2;
   // Prefix of the state names and of error messages.

@@ -23,11 +23,17 @@ int64_t padded_bytes(const Bucket& b, int64_t world) {
 
 // Between steps: every bucket's own buffer is freed (not pooled: the point
 // is to give the memory back) and `buffers` slots of the largest padded
-// bucket are allocated.
+// bucket are allocated - unless those would take as much memory as the
+// buckets' own buffers (few buckets, or one much larger than the rest):
+// then nothing changes.
 void ReducerImpl::install_pool(int buffers) {
-  pool_slot_bytes_ = 0;
-  for (const Bucket& b : buckets_)
-    pool_slot_bytes_ = std::max(pool_slot_bytes_, padded_bytes(b, group_->size()));
+  int64_t largest = 0, all = 0;
+  for (const Bucket& b : buckets_) {
+    largest = std::max(largest, padded_bytes(b, group_->size()));
+    all += padded_bytes(b, group_->size());
+  }
+  if (buffers * largest >= all) return;
+  pool_slot_bytes_ = largest;
   for (Bucket& b : buckets_) b.buffer->free();
   for (int i = 0; i < buffers; ++i) free_slots_.push_back(add_pool_slot());
 }

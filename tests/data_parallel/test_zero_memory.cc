@@ -76,6 +76,11 @@ TEST(ZeroMemory, Stage2GradientBytesAreShardsPlusPool) {
   ZeroModel whole(world(), c);
   train(whole, steps);
   EXPECT_EQ(whole.zero->gradient_bytes(), l.padded_bytes + l.shard_bytes);
+  // A pool of 3 buffers of the largest bucket is no smaller than the 3
+  // buckets: not installed.
+  c.bucket_buffers = 3;
+  ZeroModel three(world(), c);
+  EXPECT_EQ(three.zero->gradient_bytes(), l.padded_bytes + l.shard_bytes);
   for (int n : {1, 2}) {
     SCOPED_TRACE("bucket_buffers " + std::to_string(n));
     c.bucket_buffers = n;
@@ -168,6 +173,9 @@ TEST(ZeroMemory, AllGatherUsesPooledBuffers) {
     ZeroModel overlap(world(), c);
     EXPECT_EQ(overlap.zero->gather_bytes(), l.padded_bytes);
     c.overlap_all_gather = false;
+    c.gather_buffers = 3;  // no smaller than one per bucket: not pooled
+    ZeroModel three(world(), c);
+    EXPECT_EQ(three.zero->gather_bytes(), l.padded_bytes);
     train(whole, 2);
     for (int n : {1, 2}) {
       SCOPED_TRACE("gather_buffers " + std::to_string(n));

@@ -68,11 +68,21 @@ ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper&
   const std::string local_error = validate();
   check_agreement(local_error);
   if (!local_error.empty()) TUTTI_THROW(kInvalidArgument, local_error);
-  for (int b = 0; b < static_cast<int>(reducer_.buckets().size()); ++b) setup_bucket(b);
-  if (!opt_.overlap_all_gather && opt_.gather_buffers > 0) {
-    for (const Bucket& z : buckets_)
-      gather_slot_bytes_ = std::max(gather_slot_bytes_, z.shard.shard_numel * world_ *
-                                                            static_cast<int64_t>(dtype_size(z.layout.dtype)));
+  // The all-gather buffers: a pool when that is less memory than one per
+  // bucket (else setup_bucket gives each bucket its own).
+  int64_t all = 0;
+  for (const BucketLayout& l : reducer_.buckets()) {
+    const int64_t bytes = (l.numel + world_ - 1) / world_ * world_ *
+                          static_cast<int64_t>(dtype_size(l.dtype));
+    gather_slot_bytes_ = std::max(gather_slot_bytes_, bytes);
+    all += bytes;
+  }
+  const bool pool_gathers = !opt_.overlap_all_gather && opt_.gather_buffers > 0 &&
+                            opt_.gather_buffers * gather_slot_bytes_ < all;
+  if (!pool_gathers) gather_slot_bytes_ = 0;
+  for (int b = 0; b < static_cast<int>(reducer_.buckets().size()); ++b)
+    setup_bucket(b, pool_gathers);
+  if (pool_gathers) {
     for (int i = 0; i < opt_.gather_buffers; ++i) {
       gather_pool_.push_back(
           dp::make_pool_slot(buckets_.front().layout.device, gather_slot_bytes_, pool_));
@@ -172,7 +182,7 @@ void ShardedOptimizerImpl::check_agreement(const std::string& local_error) {
                         {{"setting", std::move(items)}});
 }
 
-void ShardedOptimizerImpl::setup_bucket(int index) {
+void ShardedOptimizerImpl::setup_bucket(int index, bool pool_gathers) {
   buckets_.emplace_back();
   Bucket& z = buckets_.back();
   z.layout = reducer_.buckets()[static_cast<size_t>(index)];
@@ -190,8 +200,7 @@ void ShardedOptimizerImpl::setup_bucket(int index) {
   z.master.allocate(l.device, DType::kFloat32, z.owned, pool_);
   z.states.resize(static_cast<size_t>(optim::num_states(hyper_.kind)));
   for (auto& st : z.states) st.allocate(l.device, DType::kFloat32, z.owned, pool_);
-  if (opt_.overlap_all_gather || opt_.gather_buffers == 0)
-    z.gather.allocate(l.device, l.dtype, s * world_, pool_);
+  if (!pool_gathers) z.gather.allocate(l.device, l.dtype, s * world_, pool_);
   if (opt_.stage == 2) {
     z.wire_dtype = opt_.reduce_dtype == DType::kFloat32 ? l.dtype : opt_.reduce_dtype;
     z.grad.allocate(l.device, z.wire_dtype, s, pool_);

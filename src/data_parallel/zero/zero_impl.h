@@ -112,7 +112,7 @@ class ShardedOptimizerImpl {
  private:
   std::string validate() const;
   void check_agreement(const std::string& local_error);
-  void setup_bucket(int index);
+  void setup_bucket(int index, bool pool_gathers);
   WorkPtr reduce_scatter(int bucket, const Tensor& flat, const OpOptions& o);
   void build_step_lists();
   bool gather_pooled() const { return !gather_pool_.empty(); }
