@@ -146,11 +146,19 @@ struct ReducerOptions {
   // slice's content at build().  gradient(i) moves once if the learned order
   // rebuilds the buckets (stats().bucket_rebuilds; content carried over).
   bool gradient_as_bucket_view = false;
+  // Launch chains (TUTTI_DP_LAUNCH_CHANNELS; default 4): host buckets of
+  // the flat all-reduce (more than one rank) are spread over this many
+  // private communicators, bucket b on chain b mod N, and a complete bucket
+  // launches once the buckets before it on its chain have (docs/
+  // data_parallel.md, "Launch chains").  1: launch in bucket order.  1..64;
+  // must agree across ranks.
+  int launch_channels = 4;
 
   // The defaults above with the TUTTI_* settings applied: TUTTI_BUCKET_MB,
-  // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_LEARN_BUCKET_ORDER, and
-  // TUTTI_COMPRESSION (a compressor from make_compressor() unless it is
-  // "none").
+  // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_LEARN_BUCKET_ORDER,
+  // TUTTI_DP_LAUNCH_CHANNELS, and TUTTI_COMPRESSION (a compressor from
+  // make_compressor() unless it is "none").  Options built otherwise do not
+  // read the environment.
   TUTTI_API static ReducerOptions from_env();
 };
 

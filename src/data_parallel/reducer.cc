@@ -23,6 +23,7 @@ ReducerOptions ReducerOptions::from_env() {
   o.first_bucket_cap_mb = config::get_double("TUTTI_FIRST_BUCKET_MB");
   o.hierarchical = config::get_bool("TUTTI_HIERARCHICAL");
   o.learn_bucket_order = config::get_bool("TUTTI_LEARN_BUCKET_ORDER");
+  o.launch_channels = static_cast<int>(config::get_int("TUTTI_DP_LAUNCH_CHANNELS"));
   // "none" keeps the plain averaging all-reduce (no compressor thread).
   const std::string compression = config::get_string("TUTTI_COMPRESSION");
   if (compression != "none") o.compressor = make_compressor(compression);
@@ -77,10 +78,9 @@ ReducerImpl::ReducerImpl(ProcessGroupPtr group, ReducerOptions options)
   TUTTI_ARG_CHECK(!(opt_.find_unused_parameters && opt_.static_graph), "Reducer '",
                   n, "': find_unused_parameters searches every pass, static_graph "
                   "never does; set one of them");
-  launch_channels_ = config::get_int("TUTTI_DP_LAUNCH_CHANNELS");
-  TUTTI_ARG_CHECK(launch_channels_ >= 1 && launch_channels_ <= 64, "Reducer '", n,
-                  "': TUTTI_DP_LAUNCH_CHANNELS = ", launch_channels_,
-                  " must be 1..64 (1: launch in bucket order)");
+  TUTTI_ARG_CHECK(opt_.launch_channels >= 1 && opt_.launch_channels <= 64, "Reducer '", n,
+                  "': launch_channels = ", opt_.launch_channels,
+                  " must be 1..64 (1: launch in bucket order; TUTTI_DP_LAUNCH_CHANNELS)");
   if (opt_.compressor && opt_.hierarchical)
     TUTTI_LOG(kWarn) << "Reducer '" << n << "': compressor '"
                      << opt_.compressor->name()
@@ -166,7 +166,7 @@ void ReducerImpl::check_plan_agrees() {
       detail::cat("compressor=", opt_.compressor ? opt_.compressor->name() : "none"),
       detail::cat("learn_bucket_order=", opt_.learn_bucket_order),
       detail::cat("gradient_predivide_factor=", opt_.gradient_predivide_factor),
-      detail::cat("launch_channels=", launch_channels_),
+      detail::cat("launch_channels=", opt_.launch_channels),
   };
   std::vector<std::string> entries;
   entries.reserve(params_.size());
@@ -249,13 +249,13 @@ void ReducerImpl::install_plan(std::vector<dp::PlannedBucket> plan) {
 
 // Flat mode, every bucket on the host, > 1 rank: one private communicator
 // per launch chain (collective: inside build(), which every rank calls with
-// an agreed plan and launch_channels_).  Else no channels: one chain on the
+// an agreed plan and launch_channels).  Else no channels: one chain on the
 // group (see reducer_impl.h for why).
 void ReducerImpl::open_channels(const std::vector<dp::PlannedBucket>& plan) {
-  if (mode_ != Mode::kFlat || group_->size() == 1 || launch_channels_ < 2) return;
+  if (mode_ != Mode::kFlat || group_->size() == 1 || opt_.launch_channels < 2) return;
   for (const auto& b : plan)
     if (!b.layout.device.is_cpu()) return;
-  const size_t n = std::min(static_cast<size_t>(launch_channels_), plan.size());
+  const size_t n = std::min(static_cast<size_t>(opt_.launch_channels), plan.size());
   if (n < 2) return;
   for (size_t c = 0; c < n; ++c)
     channels_.push_back(group_->split_group(

@@ -11,7 +11,7 @@
 //    chain's launch order is its bucket order on every rank whatever order
 //    gradients arrive in.  Flat mode, host buckets, > 1 rank: bucket b is on
 //    chain b mod N, each chain a private communicator split from the group
-//    (channels_, N = TUTTI_DP_LAUNCH_CHANNELS), so a complete bucket waits
+//    (channels_, N = ReducerOptions::launch_channels), so a complete bucket waits
 //    only for the buckets N, 2N, ... before it.  Chains never wait on each
 //    other (separate communicators, separate progress threads), and a rank
 //    blocks only in synchronize(), after launching every bucket of every
@@ -210,7 +210,6 @@ class ReducerImpl {
   // Launch chains: the buckets of each chain in plan order, and how many
   // of them were launched this pass.  channels_[c] carries chain c when not
   // empty (else the one chain uses group_).
-  int64_t launch_channels_ = 1;  // TUTTI_DP_LAUNCH_CHANNELS
   std::vector<CommunicatorPtr> channels_;
   std::vector<std::vector<int>> chains_;
   std::vector<size_t> chain_next_;
