@@ -47,9 +47,9 @@ void ShardedOptimizerImpl::launch_gathers(void* stream, const optim::Hyper* hype
 }
 
 void ShardedOptimizerImpl::acquire_gather(size_t b, void* stream) {
-  if (!gather_pooled()) return;
   Bucket& z = buckets_[b];
-  TUTTI_CHECK(z.gather_slot < 0, "bucket ", b, " already holds an all-gather buffer");
+  // Still held: a step that failed between here and its all-gather.
+  if (!gather_pooled() || z.gather_slot >= 0) return;
   if (gather_free_.empty()) {
     // The oldest bucket in flight: launched first, i.e. the highest index.
     for (size_t o = buckets_.size(); o-- > b + 1;)
