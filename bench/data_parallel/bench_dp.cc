@@ -114,6 +114,7 @@ int main(int argc, char** argv) {
   o.bucket_cap_mb = a.cap_mb;
   o.first_bucket_cap_mb = a.first_mb;
   o.hierarchical = a.hierarchical;
+  o.launch_channels = tutti::ReducerOptions::from_env().launch_channels;  // TUTTI_DP_LAUNCH_CHANNELS
   tutti::Reducer reducer(world, o);
   int64_t grad_bytes = 0;
   for (int i = 0; i < model.num_params(); ++i) {

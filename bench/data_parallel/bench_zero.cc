@@ -10,7 +10,12 @@
 //                    (unsharded: the whole model's), and the ratio to
 //                    unsharded (expected 1/W, up to uneven shards)
 //   optimizer bytes  everything the optimizer allocated (state, stage-2
-//                    gradient shard, all-gather buffer)
+//                    gradient shard, all-gather buffers: gather_bytes())
+//   grad bytes       gradient storage the reducer and optimizer hold
+//                    (ShardedOptimizer::gradient_bytes(): bucket buffers, or
+//                    stage 2's pool, + gradient shards; unsharded: the
+//                    reducer's buckets), not counting the caller's gradients
+//                    (the same in every variant)
 //   peak heap        the most heap bytes the variant held (model, gradients,
 //                    reducer buckets, optimizer), sampled after every step,
 //                    and its ratio to unsharded
@@ -20,9 +25,14 @@
 //                    collectives: all-reduce 2 (W-1)/W * B, reduce-scatter
 //                    and all-gather (W-1)/W * B each (B = the model's bytes);
 //                    zero2 / unsharded is 1 (zero1 pays the all-gather on top)
+// Variants: unsharded, zero1, zero2 (the default pool of 2 bucket
+// buffers), zero2-nopool (bucket_buffers = 0: every bucket keeps its
+// buffer, the layout before the pool).  Use --cap-mb 2 or so to get several
+// buckets (the pool saves nothing on a one-bucket model).
 // Output: one JSON object on rank 0's stdout.
 //
 //   mpiexec -np 4 --oversubscribe bench_zero --params 4000000 --steps 10
+//   mpiexec -np 4 --oversubscribe bench_zero --layers 32 --cap-mb 0.5 --steps 5
 #include <malloc.h>
 
 #include <algorithm>
@@ -41,13 +51,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  int64_t params = 4000000;  // elements, split over kLayers tensors
+  int64_t params = 4000000;  // elements, split over `layers` tensors
+  int layers = 8;
   int steps = 10;
   int warmup = 2;
   double cap_mb = 25;
 };
-
-constexpr int kLayers = 8;
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -57,6 +66,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::atoi(argv[i + 1]);
     else if (k == "--warmup") a.warmup = std::atoi(argv[i + 1]);
     else if (k == "--cap-mb") a.cap_mb = std::atof(argv[i + 1]);
+    else if (k == "--layers") a.layers = std::atoi(argv[i + 1]);
   }
   return a;
 }
@@ -73,16 +83,19 @@ struct Result {
   std::string name;
   int64_t state_bytes = 0;
   int64_t optimizer_bytes = 0;
+  int64_t grad_bytes = 0;
   int64_t peak_heap = 0;
   double step_ms = 0;
   double wire_bytes = 0;
 };
 
-// stage 0: unsharded reference.
-Result run(const Args& a, int stage) {
+// stage 0: unsharded reference; 3: stage 2 without the pool.
+Result run(const Args& a, int variant) {
+  const int stage = variant == 3 ? 2 : variant;
   auto w = tutti::world();
   const int W = w->size();
   const int64_t heap0 = heap_bytes();
+  const int kLayers = a.layers;
   const int64_t per = a.params / kLayers;
   std::vector<std::vector<float>> p(kLayers, std::vector<float>(static_cast<size_t>(per)));
   std::vector<std::vector<float>> g = p;
@@ -104,15 +117,14 @@ Result run(const Args& a, int stage) {
   if (stage > 0) {
     tutti::ShardedOptimizerOptions o;
     o.stage = stage;
+    if (variant == 3) o.bucket_buffers = 0;
     zero.reset(new tutti::ShardedOptimizer(reducer, h, o));
     r.state_bytes = zero->state_bytes();
-    int64_t gather = 0, grad = 0;
-    for (const auto& s : zero->shards()) {
-      gather += s.shard_numel * W * 4;
+    int64_t grad = 0;
+    for (const auto& s : zero->shards())
       if (stage == 2) grad += s.shard_numel * 4;
-    }
-    r.optimizer_bytes = r.state_bytes + gather + grad;
-    r.name = stage == 1 ? "zero1" : "zero2";
+    r.optimizer_bytes = r.state_bytes + zero->gather_bytes() + grad;
+    r.name = stage == 1 ? "zero1" : variant == 3 ? "zero2-nopool" : "zero2";
     r.wire_bytes = (stage == 1 ? 3.0 : 2.0) * (W - 1) / W * static_cast<double>(total) * 4;
   } else {
     master = p;
@@ -151,6 +163,7 @@ Result run(const Args& a, int stage) {
     if (s >= a.warmup) times.push_back(dt[0]);
     r.peak_heap = std::max(r.peak_heap, heap_bytes() - heap0);
   }
+  r.grad_bytes = zero ? zero->gradient_bytes() : reducer.stats().bucket_bytes;
   std::sort(times.begin(), times.end());
   r.step_ms = times[times.size() / 2] * 1e3;
   return r;
@@ -167,23 +180,26 @@ int main(int argc, char** argv) {
     // Two rounds of the three variants; the second round's results are
     // reported (the first warms the allocator, MPI's buffers and caches,
     // which would otherwise penalise whichever variant runs first).
-    std::vector<Result> rs(3);
+    std::vector<Result> rs(4);
     for (int round = 0; round < 2; ++round)
-      for (int stage : {0, 1, 2}) rs[static_cast<size_t>(stage)] = run(a, stage);
+      for (int v : {0, 1, 2, 3}) rs[static_cast<size_t>(v)] = run(a, v);
     if (w->rank() == 0) {
       const Result& u = rs[0];
       std::printf("{\"world\": %d, \"params\": %lld, \"steps\": %d, \"variants\": [\n", w->size(),
-                  static_cast<long long>(a.params / kLayers * kLayers), a.steps);
+                  static_cast<long long>(a.params / a.layers * a.layers), a.steps);
       for (size_t i = 0; i < rs.size(); ++i) {
         const Result& r = rs[i];
         std::printf(
             "  {\"name\": \"%s\", \"state_bytes\": %lld, \"state_ratio\": %.4f, "
-            "\"optimizer_bytes\": %lld, \"peak_heap\": %lld, \"heap_ratio\": %.3f, "
+            "\"optimizer_bytes\": %lld, \"grad_bytes\": %lld, \"grad_ratio\": %.4f, "
+            "\"peak_heap\": %lld, \"heap_ratio\": %.3f, "
             "\"step_ms\": %.2f, "
             "\"step_ratio\": %.3f, \"wire_bytes\": %.0f, \"wire_ratio\": %.3f}%s\n",
             r.name.c_str(), static_cast<long long>(r.state_bytes),
             static_cast<double>(r.state_bytes) / static_cast<double>(u.state_bytes),
-            static_cast<long long>(r.optimizer_bytes), static_cast<long long>(r.peak_heap),
+            static_cast<long long>(r.optimizer_bytes), static_cast<long long>(r.grad_bytes),
+            static_cast<double>(r.grad_bytes) / static_cast<double>(u.grad_bytes),
+            static_cast<long long>(r.peak_heap),
             static_cast<double>(r.peak_heap) / static_cast<double>(u.peak_heap),
             r.step_ms, r.step_ms / u.step_ms, r.wire_bytes,
             u.wire_bytes > 0 ? r.wire_bytes / u.wire_bytes : 1.0, i + 1 < rs.size() ? "," : "");

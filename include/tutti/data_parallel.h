@@ -146,11 +146,19 @@ struct ReducerOptions {
   // slice's content at build().  gradient(i) moves once if the learned order
   // rebuilds the buckets (stats().bucket_rebuilds; content carried over).
   bool gradient_as_bucket_view = false;
+  // Launch chains (TUTTI_DP_LAUNCH_CHANNELS; default 4): host buckets of
+  // the flat all-reduce (more than one rank) are spread over this many
+  // private communicators, bucket b on chain b mod N, and a complete bucket
+  // launches once the buckets before it on its chain have (docs/
+  // data_parallel.md, "Launch chains").  1: launch in bucket order.  1..64;
+  // must agree across ranks.
+  int launch_channels = 4;
 
   // The defaults above with the TUTTI_* settings applied: TUTTI_BUCKET_MB,
-  // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_LEARN_BUCKET_ORDER, and
-  // TUTTI_COMPRESSION (a compressor from make_compressor() unless it is
-  // "none").
+  // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_LEARN_BUCKET_ORDER,
+  // TUTTI_DP_LAUNCH_CHANNELS, and TUTTI_COMPRESSION (a compressor from
+  // make_compressor() unless it is "none").  Options built otherwise do not
+  // read the environment.
   TUTTI_API static ReducerOptions from_env();
 };
 
@@ -168,6 +176,16 @@ struct ReducerStats {
   int64_t bytes_copied_in = 0;      // gradient bytes copied into buckets
   int64_t bytes_copied_out = 0;     // bucket bytes written back to gradients
   int64_t marked_unused = 0;        // slots filled early (mark_unused, static)
+  // Bytes of full-size bucket buffers allocated now: every bucket's, or
+  // with pooled buffers (set_bucket_collective) the pool's.  Padding to a
+  // multiple of the group size included; the hierarchical scratch not.
+  int64_t bucket_bytes = 0;
+  // Pooled buffers: a bucket needed a buffer while none was free and
+  // waited for the oldest launched bucket's collective to recycle one
+  // (pool_waits), or none was launched yet and the pool grew by one
+  // (pool_growths; the pool keeps that buffer).
+  int64_t pool_waits = 0;
+  int64_t pool_growths = 0;
 };
 
 class Reducer;
@@ -290,7 +308,22 @@ class TUTTI_API Reducer : public Stateful {
   // otherwise.  After build(), between steps; fn runs on the thread that
   // launches the bucket (grad_ready or synchronize), under the reducer's
   // lock, so it must not call back into the reducer.
-  void set_bucket_collective(BucketCollective fn);
+  //
+  // pooled_buffers > 0 (copying reducers only: gradient_as_bucket_view =
+  // false, and the bucket order fixed or already learned): the buckets'
+  // full-size buffers are freed and replaced by a pool of that many buffers
+  // of the largest bucket's size, unless that pool would take as much
+  // memory as the buckets' own buffers (then they are kept).  A bucket takes one when its first slot
+  // is filled in a reducing pass and gives it back once fn's Work has
+  // completed (synchronize(), or earlier: a bucket that finds the pool
+  // empty waits, inside grad_ready(), for the oldest launched bucket's
+  // collective; if no bucket holding a buffer is launched yet the pool
+  // grows by one, stats().pool_growths).  So `flat` passed to fn is valid
+  // until fn's Work completes, no longer.  When gradients become ready in
+  // bucket order (reverse registration order, the usual backward pass), 2
+  // buffers keep one bucket filling while the previous one is reduced.
+  // Null fn frees the pool and gives every bucket its own buffer again.
+  void set_bucket_collective(BucketCollective fn, int pooled_buffers = 0);
 
   // The index of the parameter registered as `name`, and parameter `index`
   // as registered (kInvalidArgument if there is none).

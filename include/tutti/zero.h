@@ -24,10 +24,18 @@
 // Stage 2 replaces each bucket's all-reduce by a reduce-scatter (averaged,
 // Reducer::set_bucket_collective), so a rank receives only its shard's
 // gradient; the registered gradients then keep this rank's local
-// (unreduced) values.  Stage 1 keeps the all-reduce (every gradient holds
-// the average) and reads its shard.  Both then run one fused optim::step
-// over the shard, round the new master weights into a bucket-shaped copy of
-// the parameters (model dtype), all-gather it, and write the parameters.
+// (unreduced) values.  With a copying reducer the buckets' full-size
+// buffers come from a small pool (options.bucket_buffers) and exist only
+// while a bucket is filled and reduce-scattered, so the gradient memory the
+// reducer and optimizer hold is O(model / W + a few buckets)
+// (gradient_bytes()).  In stage 2 a registered gradient is therefore never
+// a bucket view across steps: with gradient_as_bucket_view the buckets stay
+// whole (no gradient saving); use the copying reducer.  Stage 1 keeps the
+// all-reduce (every gradient holds the average) and reads its shard.  Both
+// then, bucket by bucket, run a fused optim::step over the bucket's shard,
+// round the new master weights into a bucket-shaped buffer (model dtype;
+// from a small pool, options.gather_buffers), all-gather it, and write the
+// parameters.
 //
 // Contracts:
 //  * Construct after reducer.build() and the parameter broadcast (the master
@@ -75,6 +83,31 @@ struct ShardedOptimizerOptions {
   // all-gather overlaps the next forward pass) or wait_parameters().  The
   // next step(), consolidate() and a load wait for everything first.
   bool overlap_all_gather = false;
+  // Stage 2 with a copying reducer (gradient_as_bucket_view = false): the
+  // reducer keeps this many full-size bucket buffers in a pool instead of
+  // one per bucket (Reducer::set_bucket_collective); a bucket holds one
+  // from its first gradient until its reduce-scatter has finished, which
+  // writes this rank's shard straight into the persistent gradient shard.
+  // Gradient memory on this rank is then sum_b S_b + bucket_buffers *
+  // max_b N_b elements instead of sum_b (S_b + N_b).  2 (default) lets one
+  // bucket fill while the previous one is reduce-scattered; 1 serialises
+  // them; 0 keeps every bucket's buffer (no saving), and so does a pool
+  // that would not be smaller than the buckets (bucket_buffers * the
+  // largest padded bucket >= all of them: few buckets, e.g. the default
+  // 25 MiB cap on a small model; lower ReducerOptions::bucket_cap_mb).
+  // Ignored in stage 1 and with bucket views (whose gradients live in the
+  // buckets).  Local: may differ across ranks.  Must be >= 0.
+  int bucket_buffers = 2;
+  // The parameter all-gather's bucket-shaped buffers (W * S_b elements in
+  // the model dtype): without overlap_all_gather, a pool of this many,
+  // each taken by a bucket for its update and all-gather and given back
+  // once its parameters are written (a bucket finding the pool empty first
+  // finishes the oldest all-gather in flight); so they cost gather_buffers
+  // buckets instead of one more model copy.  0, or overlap_all_gather
+  // (every all-gather launched before the first wait): one per bucket; so
+  // too when the pool would not be smaller (as for bucket_buffers).
+  // Both stages.  Local: may differ across ranks.  Must be >= 0.
+  int gather_buffers = 2;
   // Prefix of the state names and of error messages.
   std::string name = "zero";
 };
@@ -132,6 +165,17 @@ class TUTTI_API ShardedOptimizer : public Stateful {
   int64_t state_bytes() const;
   // The same for an unsharded optimizer over every parameter.
   int64_t unsharded_state_bytes() const;
+  // Bytes of gradient storage the reducer and this optimizer hold on this
+  // rank: the reducer's bucket buffers (ReducerStats::bucket_bytes: every
+  // bucket's, or stage 2's pool of bucket_buffers) plus stage 2's gradient
+  // shards and reduce_dtype wire buffers.  Not counted: the caller's
+  // registered gradient tensors (copying reducer) - with bucket views
+  // those are the buckets, counted once.
+  int64_t gradient_bytes() const;
+  // Bytes of the all-gather buffers on this rank (gather_buffers' pool, or
+  // one per bucket): sum_b W * S_b elements unpooled, gather_buffers *
+  // max_b W * S_b pooled.
+  int64_t gather_bytes() const;
 
   // Stateful: "<name>/b<i>/master" and "<name>/b<i>/state<k>" (float32,
   // ShardInfo::flat over the bucket's N_b elements, group "dp"), and

@@ -36,12 +36,27 @@ bool FusionBuffer::allocate(Device device, DType dtype, int64_t numel,
 }
 
 void FusionBuffer::release(HostBufferPool& pool) {
-  if (device_.is_cpu()) pool.release(std::move(host_));
+  if (device_.is_cpu() && host_.data()) pool.release(std::move(host_));
+  free();
+}
+
+void FusionBuffer::free() {
+  host_ = HostBuffer();
 #if TUTTI_WITH_CUDA
   dev_ = cuda::DeviceBuffer();
 #endif
   data_ = nullptr;
   numel_ = 0;
+  borrowed_ = false;
+}
+
+void FusionBuffer::borrow(void* data, Device device, DType dtype, int64_t numel) {
+  TUTTI_CHECK(borrowed_ || data_ == nullptr, "fusion buffer borrows over its own memory");
+  device_ = device;
+  dtype_ = dtype;
+  numel_ = numel;
+  data_ = data;
+  borrowed_ = true;
 }
 
 void* FusionBuffer::at(int64_t offset) const {
@@ -100,6 +115,36 @@ void FusionBuffer::zero(int64_t offset, int64_t numel, void* stream) {
   cuda::DeviceGuard g(device_.index);
   TUTTI_CUDA_CHECK(cudaMemsetAsync(at(offset), 0, bytes,
                                    static_cast<cudaStream_t>(stream)));
+#endif
+}
+
+std::unique_ptr<PoolSlot> make_pool_slot(Device device, int64_t bytes, HostBufferPool& pool) {
+  std::unique_ptr<PoolSlot> slot(new PoolSlot);
+  slot->mem.allocate(device, DType::kUInt8, bytes, pool);
+#if TUTTI_WITH_CUDA
+  if (device.is_cuda()) slot->released.reset(new cuda::Event(device.index));
+#endif
+  return slot;
+}
+
+void wait_released(PoolSlot& slot, Device device, void* stream) {
+#if TUTTI_WITH_CUDA
+  if (!slot.recorded) return;
+  cuda::DeviceGuard g(device.index);
+  TUTTI_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), slot.released->get(), 0));
+#else
+  (void)slot, (void)device, (void)stream;
+#endif
+}
+
+void mark_released(PoolSlot& slot, Device device, void* stream) {
+#if TUTTI_WITH_CUDA
+  if (!slot.released) return;
+  cuda::DeviceGuard g(device.index);
+  slot.released->record(static_cast<cudaStream_t>(stream));
+  slot.recorded = true;
+#else
+  (void)slot, (void)device, (void)stream;
 #endif
 }
 

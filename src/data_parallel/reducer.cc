@@ -23,6 +23,7 @@ ReducerOptions ReducerOptions::from_env() {
   o.first_bucket_cap_mb = config::get_double("TUTTI_FIRST_BUCKET_MB");
   o.hierarchical = config::get_bool("TUTTI_HIERARCHICAL");
   o.learn_bucket_order = config::get_bool("TUTTI_LEARN_BUCKET_ORDER");
+  o.launch_channels = static_cast<int>(config::get_int("TUTTI_DP_LAUNCH_CHANNELS"));
   // "none" keeps the plain averaging all-reduce (no compressor thread).
   const std::string compression = config::get_string("TUTTI_COMPRESSION");
   if (compression != "none") o.compressor = make_compressor(compression);
@@ -77,10 +78,9 @@ ReducerImpl::ReducerImpl(ProcessGroupPtr group, ReducerOptions options)
   TUTTI_ARG_CHECK(!(opt_.find_unused_parameters && opt_.static_graph), "Reducer '",
                   n, "': find_unused_parameters searches every pass, static_graph "
                   "never does; set one of them");
-  launch_channels_ = config::get_int("TUTTI_DP_LAUNCH_CHANNELS");
-  TUTTI_ARG_CHECK(launch_channels_ >= 1 && launch_channels_ <= 64, "Reducer '", n,
-                  "': TUTTI_DP_LAUNCH_CHANNELS = ", launch_channels_,
-                  " must be 1..64 (1: launch in bucket order)");
+  TUTTI_ARG_CHECK(opt_.launch_channels >= 1 && opt_.launch_channels <= 64, "Reducer '", n,
+                  "': launch_channels = ", opt_.launch_channels,
+                  " must be 1..64 (1: launch in bucket order; TUTTI_DP_LAUNCH_CHANNELS)");
   if (opt_.compressor && opt_.hierarchical)
     TUTTI_LOG(kWarn) << "Reducer '" << n << "': compressor '"
                      << opt_.compressor->name()
@@ -166,7 +166,7 @@ void ReducerImpl::check_plan_agrees() {
       detail::cat("compressor=", opt_.compressor ? opt_.compressor->name() : "none"),
       detail::cat("learn_bucket_order=", opt_.learn_bucket_order),
       detail::cat("gradient_predivide_factor=", opt_.gradient_predivide_factor),
-      detail::cat("launch_channels=", launch_channels_),
+      detail::cat("launch_channels=", opt_.launch_channels),
   };
   std::vector<std::string> entries;
   entries.reserve(params_.size());
@@ -249,13 +249,13 @@ void ReducerImpl::install_plan(std::vector<dp::PlannedBucket> plan) {
 
 // Flat mode, every bucket on the host, > 1 rank: one private communicator
 // per launch chain (collective: inside build(), which every rank calls with
-// an agreed plan and launch_channels_).  Else no channels: one chain on the
+// an agreed plan and launch_channels).  Else no channels: one chain on the
 // group (see reducer_impl.h for why).
 void ReducerImpl::open_channels(const std::vector<dp::PlannedBucket>& plan) {
-  if (mode_ != Mode::kFlat || group_->size() == 1 || launch_channels_ < 2) return;
+  if (mode_ != Mode::kFlat || group_->size() == 1 || opt_.launch_channels < 2) return;
   for (const auto& b : plan)
     if (!b.layout.device.is_cpu()) return;
-  const size_t n = std::min(static_cast<size_t>(launch_channels_), plan.size());
+  const size_t n = std::min(static_cast<size_t>(opt_.launch_channels), plan.size());
   if (n < 2) return;
   for (size_t c = 0; c < n; ++c)
     channels_.push_back(group_->split_group(
@@ -394,17 +394,28 @@ const char* ReducerImpl::mode_name() const {
   return "?";
 }
 
-void ReducerImpl::set_bucket_collective(BucketCollective fn) {
+void ReducerImpl::set_bucket_collective(BucketCollective fn, int pooled_buffers) {
   std::lock_guard<std::mutex> lock(mu_);
   require_built("set_bucket_collective()");
   TUTTI_ARG_CHECK(!step_in_flight(), "Reducer '", opt_.name,
                   "': set_bucket_collective() during a backward pass");
+  TUTTI_ARG_CHECK(pooled_buffers >= 0, "Reducer '", opt_.name,
+                  "': pooled_buffers = ", pooled_buffers, " must be >= 0 (0: no pool)");
+  TUTTI_ARG_CHECK(pooled_buffers == 0 || (fn && !opt_.gradient_as_bucket_view &&
+                                          (order_learned_ || !opt_.learn_bucket_order)),
+                  "Reducer '", opt_.name, "': pooled_buffers = ", pooled_buffers,
+                  " needs a bucket collective (the write-back reads every bucket), "
+                  "gradient_as_bucket_view = false (gradients cannot live in buffers "
+                  "that move between buckets) and a fixed bucket order "
+                  "(learn_bucket_order = false, or after the first step)");
   TUTTI_ARG_CHECK(!fn || (mode_ == Mode::kFlat && opt_.op == ReduceOp::kAvg &&
                           opt_.gradient_predivide_factor == 1.0),
                   "Reducer '", opt_.name, "': a bucket collective needs the plain "
                   "all-reduce mode (no compressor, hierarchical=false, op kAvg, "
                   "gradient_predivide_factor 1); this reducer is ", mode_name());
   collective_ = std::move(fn);
+  if (pooled()) remove_pool();
+  if (pooled_buffers > 0) install_pool(pooled_buffers);
   // The hook runs its collectives on its own group, in launch order: one
   // launch chain (bucket order), or buckets on different chains would reach
   // that group in rank-dependent orders.
@@ -491,7 +502,9 @@ bool ReducerImpl::next_pass_reduces() const {
 
 ReducerStats ReducerImpl::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  ReducerStats s = stats_;
+  s.bucket_bytes = bucket_bytes();
+  return s;
 }
 
 // ---- public layer -----------------------------------------------------------
@@ -533,8 +546,8 @@ void Reducer::broadcast_state(Stateful& component, int root, void* stream) {
   impl_->broadcast_state(component.state_dict(), root, stream);
   if (impl_->group_->rank() != root) component.on_state_loaded();
 }
-void Reducer::set_bucket_collective(BucketCollective fn) {
-  impl_->set_bucket_collective(std::move(fn));
+void Reducer::set_bucket_collective(BucketCollective fn, int pooled_buffers) {
+  impl_->set_bucket_collective(std::move(fn), pooled_buffers);
 }
 int Reducer::parameter_index(const std::string& name) const {
   return impl_->parameter_index(name);

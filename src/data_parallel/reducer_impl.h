@@ -11,7 +11,7 @@
 //    chain's launch order is its bucket order on every rank whatever order
 //    gradients arrive in.  Flat mode, host buckets, > 1 rank: bucket b is on
 //    chain b mod N, each chain a private communicator split from the group
-//    (channels_, N = TUTTI_DP_LAUNCH_CHANNELS), so a complete bucket waits
+//    (channels_, N = ReducerOptions::launch_channels), so a complete bucket waits
 //    only for the buckets N, 2N, ... before it.  Chains never wait on each
 //    other (separate communicators, separate progress threads), and a rank
 //    blocks only in synchronize(), after launching every bucket of every
@@ -35,7 +35,16 @@
 //    same values synchronize() would use), so its bucket can launch;
 //  * gradient_as_bucket_view: Param::grad IS the bucket slice; copies into
 //    the bucket and the write-back are skipped, the average is formed in
-//    place (the write-back's chunk table points into the bucket itself).
+//    place (the write-back's chunk table points into the bucket itself);
+//  * pooled buffers (a bucket collective with pooled_buffers > 0,
+//    reducer_pool.cc): Bucket::buffer borrows a PoolSlot from the first
+//    write of a reducing pass (copy_into_bucket, fill_slot) until its
+//    collective was waited for (synchronize, or acquire_buffer recycling
+//    the oldest launched bucket); reset_step() returns whatever is held.
+//    Waits only ever target a launched bucket, and a rank blocked on bucket
+//    k has launched every bucket before k (one chain), so the lowest bucket
+//    any rank waits for is launched by every rank (a rank not blocked goes on
+//    to synchronize(), which launches everything): no deadlock.
 #pragma once
 
 #include <memory>
@@ -93,6 +102,7 @@ struct Bucket {
   std::unique_ptr<cuda::Event> launched;
   std::unique_ptr<cuda::Event> reduced;
 #endif
+  int pool_slot = -1;       // pooled: the PoolSlot `buffer` borrows, or -1
   int pending = 0;          // slots not yet filled in this pass
   int chain = 0;            // launch chain (see the protocol above)
   bool issued = false;      // launched in this pass
@@ -128,7 +138,7 @@ class ReducerImpl {
   ReducerStats stats() const;
   // The reducing-step counter (Reducer::state_dict views it).
   int64_t* step_counter() { return &step_; }
-  void set_bucket_collective(BucketCollective fn);
+  void set_bucket_collective(BucketCollective fn, int pooled_buffers);
   int parameter_index(const std::string& name) const;
   Tensor parameter(int index) const;
   void set_grad_scale(float scale) {
@@ -167,6 +177,14 @@ class ReducerImpl {
   int64_t divisor() const;
   double post_divisor() const;
   void divide_bucket(dp::Bucket& b, double by, void* stream);
+  // pooled bucket buffers (reducer_pool.cc)
+  bool pooled() const { return !pool_slots_.empty(); }
+  void install_pool(int buffers);
+  void remove_pool();
+  int add_pool_slot();
+  void acquire_buffer(dp::Bucket& b, void* stream);
+  void release_buffer(dp::Bucket& b);
+  int64_t bucket_bytes() const;
   // reducer.cc
   void check_plan_agrees();
   void allocate_bucket(dp::Bucket& b);
@@ -192,7 +210,6 @@ class ReducerImpl {
   // Launch chains: the buckets of each chain in plan order, and how many
   // of them were launched this pass.  channels_[c] carries chain c when not
   // empty (else the one chain uses group_).
-  int64_t launch_channels_ = 1;  // TUTTI_DP_LAUNCH_CHANNELS
   std::vector<CommunicatorPtr> channels_;
   std::vector<std::vector<int>> chains_;
   std::vector<size_t> chain_next_;
@@ -203,6 +220,10 @@ class ReducerImpl {
   int64_t step_ = 0;
   float grad_scale_ = 1.0f;  // Reducer::set_gradient_scale
   BucketCollective collective_;  // replaces the all-reduce (ZeRO-2)
+  // Pooled bucket buffers (empty: every bucket owns its buffer).
+  std::vector<std::unique_ptr<dp::PoolSlot>> pool_slots_;
+  std::vector<int> free_slots_;
+  int64_t pool_slot_bytes_ = 0;
   ReducerStats stats_;
   HostBufferPool pool_;
   std::unique_ptr<dp::HierarchicalAllreduce> hier_;

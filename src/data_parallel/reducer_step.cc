@@ -154,6 +154,7 @@ bool ReducerImpl::is_view(const dp::Param& p, const Bucket& b) const {
 }
 
 void ReducerImpl::copy_into_bucket(dp::Param& p, Bucket& b, void* stream) {
+  acquire_buffer(b, stream);
   if (is_view(p, b)) return;  // gradient_as_bucket_view: already there
   b.buffer->copy_in(p.offset, p.grad, stream);
   stats_.bytes_copied_in += static_cast<int64_t>(p.grad.nbytes());
@@ -275,10 +276,12 @@ void ReducerImpl::fill_missing(Bucket& b, void* stream) {
 // zero on this rank (in view mode that zeroes the gradient itself, as the
 // copying mode's write-back would overwrite it).
 void ReducerImpl::fill_slot(dp::Param& p, Bucket& b) {
-  if (p.used)
+  if (p.used) {
     copy_into_bucket(p, b, b.stream);
-  else
+  } else {
+    acquire_buffer(b, b.stream);
     b.buffer->zero(p.offset, p.grad.numel(), b.stream);
+  }
   p.seen = true;
   ++filled_in_pass_;
 }
@@ -364,6 +367,7 @@ bool ReducerImpl::synchronize(void* stream) {
       wait_bucket(static_cast<int>(i));
       const auto t1 = std::chrono::steady_clock::now();
       write_back(buckets_[i], stream);
+      release_buffer(buckets_[i]);  // pooled: the collective is done
       stats_.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
       stats_.writeback_seconds += seconds_since(t1);
     }
@@ -435,6 +439,7 @@ void ReducerImpl::abandon_step() noexcept {
 
 void ReducerImpl::reset_step() {
   for (auto& b : buckets_) {
+    release_buffer(b);  // pooled: after a failure, once its work ended
     b.pending = static_cast<int>(b.plan.params.size());
     b.stream = nullptr;
     b.stream_set = false;

@@ -1,6 +1,6 @@
 // Launch chains (issue 15: "a bucket that is ready launches without waiting
 // for earlier buckets in plan order"), at -np 2 and 4.  With the default
-// TUTTI_DP_LAUNCH_CHANNELS (4), host bucket b is on chain b mod 4, each chain
+// ReducerOptions::launch_channels (4), host bucket b is on chain b mod 4, each chain
 // a communicator of its own; a complete bucket waits only for the earlier
 // buckets of its chain (reducer_impl.h).  Checked with real processes:
 //   * a complete last bucket is all-reduced (its sum visible in the bucket)
@@ -8,7 +8,8 @@
 //   * ranks reporting gradients in different orders, different every step:
 //     how many buckets are launched after each grad_ready() matches a model
 //     of the chain rule, and every result matches its closed form.
-// test_dp_learned_order runs with one chain (the in-order rule).
+// test_dp_learned_order runs with one chain (launch_channels = 1, the
+// in-order rule).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,7 +19,6 @@
 #include <vector>
 
 #include "data_parallel/dp_test_util.h"
-#include "tutti/config.h"
 
 namespace tutti {
 namespace {
@@ -54,7 +54,7 @@ ReducerOptions options(bool learn) {
 }
 
 int chains_for(int buckets) {
-  return static_cast<int>(std::min<int64_t>(config::get_int("TUTTI_DP_LAUNCH_CHANNELS"), buckets));
+  return static_cast<int>(std::min<int64_t>(ReducerOptions{}.launch_channels, buckets));
 }
 
 // bucket_of[p] from the reducer's current plan.
@@ -93,7 +93,7 @@ std::vector<int64_t> model_launches(const std::vector<int>& order, const std::ve
 // (gradient_as_bucket_view and a sum: the bucket IS the result).  In bucket
 // order (one chain) it would wait for synchronize().
 TEST(LaunchOrder, CompleteBucketIsReducedBeforeEarlierBucketsFill) {
-  ASSERT_GE(chains_for(3), 3) << "run with the default TUTTI_DP_LAUNCH_CHANNELS";
+  ASSERT_GE(chains_for(3), 3) << "expected the default ReducerOptions::launch_channels (4)";
   auto params = test::make_params(params_of(3));
   ReducerOptions o = options(false);
   o.gradient_as_bucket_view = true;

@@ -62,6 +62,7 @@ ReducerOptions options(const Config& c) {
   o.hierarchical_node_size = 2;
   o.static_graph = c.static_graph;
   o.find_unused_parameters = c.find_unused;
+  o.launch_channels = 1;  // in-order launching: the learned order's effect
   return o;
 }
 

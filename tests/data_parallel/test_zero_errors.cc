@@ -51,6 +51,35 @@ TEST(ZeroErrors, LearnedBucketOrderRefused) {
   expect_contains(msg, "learn_bucket_order=false");
 }
 
+// The pools: negative sizes are refused (every rank, agreed first); the
+// reducer's pool needs a bucket collective and a copying reducer.
+TEST(ZeroErrors, PoolSizesRefused) {
+  for (int which : {0, 1}) {
+    ZeroSetup s;
+    Reducer& reducer = s.reducer;
+    ShardedOptimizerOptions o;
+    (which == 0 ? o.bucket_buffers : o.gather_buffers) = -1;
+    const std::string msg = expect_error(
+        [&] { ShardedOptimizer z(reducer, test::test_hyper(optim::Kind::kSgd), o); },
+        ErrorCode::kInvalidArgument);
+    expect_contains(msg, which == 0 ? "bucket_buffers = -1" : "gather_buffers = -1");
+  }
+  ZeroSetup s;
+  const BucketCollective none = [](int, const Tensor&, const OpOptions&) { return WorkPtr(); };
+  expect_contains(expect_error([&] { s.reducer.set_bucket_collective(nullptr, 2); },
+                               ErrorCode::kInvalidArgument),
+                  "needs a bucket collective");
+  expect_contains(expect_error([&] { s.reducer.set_bucket_collective(none, -1); },
+                               ErrorCode::kInvalidArgument),
+                  "must be >= 0");
+  ReducerOptions view = plain();
+  view.gradient_as_bucket_view = true;
+  ZeroSetup v(view);
+  expect_contains(expect_error([&] { v.reducer.set_bucket_collective(none, 2); },
+                               ErrorCode::kInvalidArgument),
+                  "gradient_as_bucket_view = false");
+}
+
 // Rank 1 alone uses another learning rate: every rank fails, naming rank 1,
 // its value and rank 0's.
 TEST(ZeroErrors, HyperParametersDisagree) {

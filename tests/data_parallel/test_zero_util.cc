@@ -34,6 +34,7 @@ ReducerOptions reducer_options(const ZeroConfig& c) {
   o.first_bucket_cap_mb = 0;
   o.learn_bucket_order = false;
   o.gradient_as_bucket_view = c.bucket_view;
+  o.backward_passes_per_step = c.passes;
   return o;
 }
 
@@ -60,6 +61,8 @@ ZeroModel::ZeroModel(ProcessGroupPtr g, const ZeroConfig& c)
     o.stage = c.stage;
     o.reduce_dtype = c.reduce_dtype;
     o.overlap_all_gather = c.overlap_all_gather;
+    o.bucket_buffers = c.bucket_buffers;
+    o.gather_buffers = c.gather_buffers;
     zero.reset(new ShardedOptimizer(*reducer, c.hyper, o));
     return;
   }
@@ -96,6 +99,20 @@ bool ZeroModel::backward(int64_t t, float loss_scale) {
     reducer->grad_ready(p);
   }
   return reducer->synchronize();
+}
+
+void ZeroModel::pass(int64_t t, const std::vector<int>& order, bool accumulate) {
+  for (int p : order) {
+    const Tensor g = reducer->gradient(p);
+    std::vector<double> v = local_gradient(p, t);
+    if (accumulate) {
+      std::vector<double> old(v.size());
+      convert(g.data(), g.dtype(), old.data(), DType::kFloat64, v.size());
+      for (size_t i = 0; i < v.size(); ++i) v[i] += old[i];
+    }
+    convert(v.data(), DType::kFloat64, g.data(), g.dtype(), v.size());
+    reducer->grad_ready(p);
+  }
 }
 
 void ZeroModel::step(float grad_scale) {

@@ -29,6 +29,9 @@ struct ZeroConfig {
   bool bucket_view = false;       // ReducerOptions::gradient_as_bucket_view
   DType reduce_dtype = DType::kFloat32;
   bool overlap_all_gather = false;
+  int bucket_buffers = 2;         // ShardedOptimizerOptions::bucket_buffers
+  int gather_buffers = 2;         // ShardedOptimizerOptions::gather_buffers
+  int passes = 1;                 // ReducerOptions::backward_passes_per_step
   // Gradient sample k of step t is multiplied by this when t == overflow_step
   // on rank overflow_rank (inf: an overflow on one rank).
   int64_t overflow_step = -1;
@@ -49,6 +52,10 @@ class ZeroModel {
   // `loss_scale`, and runs the reducer's backward pass; returns
   // synchronize()'s result.
   bool backward(int64_t t, float loss_scale = 1.f);
+  // One backward pass without synchronize(): gradient p (for p in `order`,
+  // marked ready in that order) is set to local_gradient(p, t), or with
+  // `accumulate` has it added (in float64, rounded once).
+  void pass(int64_t t, const std::vector<int>& order, bool accumulate);
   // This rank's gradient of parameter p at step t (what backward() writes).
   std::vector<double> local_gradient(int p, int64_t t, float loss_scale = 1.f) const;
   // The optimizer step (sharded or reference) over the averaged gradients.

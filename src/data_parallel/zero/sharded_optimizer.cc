@@ -68,13 +68,33 @@ ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper&
   const std::string local_error = validate();
   check_agreement(local_error);
   if (!local_error.empty()) TUTTI_THROW(kInvalidArgument, local_error);
-  for (int b = 0; b < static_cast<int>(reducer_.buckets().size()); ++b) setup_bucket(b);
+  // The all-gather buffers: a pool when that is less memory than one per
+  // bucket (else setup_bucket gives each bucket its own).
+  int64_t all = 0;
+  for (const BucketLayout& l : reducer_.buckets()) {
+    const int64_t bytes = (l.numel + world_ - 1) / world_ * world_ *
+                          static_cast<int64_t>(dtype_size(l.dtype));
+    gather_slot_bytes_ = std::max(gather_slot_bytes_, bytes);
+    all += bytes;
+  }
+  const bool pool_gathers = !opt_.overlap_all_gather && opt_.gather_buffers > 0 &&
+                            opt_.gather_buffers * gather_slot_bytes_ < all;
+  if (!pool_gathers) gather_slot_bytes_ = 0;
+  for (int b = 0; b < static_cast<int>(reducer_.buckets().size()); ++b)
+    setup_bucket(b, pool_gathers);
+  if (pool_gathers) {
+    for (int i = 0; i < opt_.gather_buffers; ++i) {
+      gather_pool_.push_back(
+          dp::make_pool_slot(buckets_.front().layout.device, gather_slot_bytes_, pool_));
+      gather_free_.push_back(i);
+    }
+  }
   build_step_lists();
   reduced_steps_ = reducer_.stats().steps;
   if (opt_.stage == 2)
-    reducer_.set_bucket_collective([this](int b, const Tensor& flat, const OpOptions& o) {
-      return reduce_scatter(b, flat, o);
-    });
+    reducer_.set_bucket_collective(
+        [this](int b, const Tensor& flat, const OpOptions& o) { return reduce_scatter(b, flat, o); },
+        reducer_.options().gradient_as_bucket_view ? 0 : opt_.bucket_buffers);
 }
 
 ShardedOptimizerImpl::~ShardedOptimizerImpl() {
@@ -121,6 +141,12 @@ std::string ShardedOptimizerImpl::validate() const {
     return who + ": stage 2 replaces the all-reduce by a reduce-scatter and needs the "
            "reducer's plain mode (no compressor, hierarchical=false, op kAvg, "
            "gradient_predivide_factor 1); use reduce_dtype for compression";
+  if (opt_.gather_buffers < 0)
+    return who + ": gather_buffers = " + std::to_string(opt_.gather_buffers) +
+           " (expected >= 0; 0: every bucket keeps its all-gather buffer)";
+  if (opt_.bucket_buffers < 0)
+    return who + ": bucket_buffers = " + std::to_string(opt_.bucket_buffers) +
+           " (expected >= 0; 0: every bucket keeps its buffer)";
   if (opt_.reduce_dtype != DType::kFloat32 && opt_.reduce_dtype != DType::kFloat16 &&
       opt_.reduce_dtype != DType::kBFloat16)
     return who + ": reduce_dtype " + dtype_name(opt_.reduce_dtype) +
@@ -156,7 +182,7 @@ void ShardedOptimizerImpl::check_agreement(const std::string& local_error) {
                         {{"setting", std::move(items)}});
 }
 
-void ShardedOptimizerImpl::setup_bucket(int index) {
+void ShardedOptimizerImpl::setup_bucket(int index, bool pool_gathers) {
   buckets_.emplace_back();
   Bucket& z = buckets_.back();
   z.layout = reducer_.buckets()[static_cast<size_t>(index)];
@@ -174,7 +200,7 @@ void ShardedOptimizerImpl::setup_bucket(int index) {
   z.master.allocate(l.device, DType::kFloat32, z.owned, pool_);
   z.states.resize(static_cast<size_t>(optim::num_states(hyper_.kind)));
   for (auto& st : z.states) st.allocate(l.device, DType::kFloat32, z.owned, pool_);
-  z.gather.allocate(l.device, l.dtype, s * world_, pool_);
+  if (!pool_gathers) z.gather.allocate(l.device, l.dtype, s * world_, pool_);
   if (opt_.stage == 2) {
     z.wire_dtype = opt_.reduce_dtype == DType::kFloat32 ? l.dtype : opt_.reduce_dtype;
     z.grad.allocate(l.device, z.wire_dtype, s, pool_);
@@ -214,20 +240,23 @@ void ShardedOptimizerImpl::setup_bucket(int index) {
 #endif
 }
 
-// The step's lists: stage 2 updates each bucket's shard as one flat tensor
-// (its gradient is one contiguous block); stage 1 goes piece by piece,
-// reading the averaged gradients the reducer wrote back.
+// The step's lists, per bucket: stage 2 updates each bucket's shard as one
+// flat tensor (its gradient is one contiguous block); stage 1 goes piece by
+// piece, reading the averaged gradients the reducer wrote back.  The model
+// copies point into the gather buffer (re-pointed per step when pooled).
 void ShardedOptimizerImpl::build_step_lists() {
   for (Bucket& z : buckets_) {
     const int64_t lo = z.shard.begin;
     auto add = [&](int64_t a, int64_t b, const Tensor& grad, const std::string& name) {
-      params_.push_back(z.master.view(z.owned).slice(a - lo, b - lo));
+      z.step_params.push_back(z.master.view(z.owned).slice(a - lo, b - lo));
+      z.step_grads.push_back(grad);
       grads_.push_back(grad);
-      copies_.push_back(z.gather.view().slice(a, b));
+      z.copy_ranges.emplace_back(a, b);
+      z.step_copies.push_back(z.gather.data() ? z.gather.view().slice(a, b) : Tensor());
       std::vector<Tensor> st;
       for (auto& s : z.states) st.push_back(s.view(z.owned).slice(a - lo, b - lo));
-      states_.push_back(std::move(st));
-      names_.push_back(name);
+      z.step_states.push_back(std::move(st));
+      z.step_names.push_back(name);
     };
     if (z.owned == 0) continue;
     if (opt_.stage == 2) {
@@ -268,83 +297,11 @@ void ShardedOptimizerImpl::step(float grad_scale, void* stream) {
                   "(reducer '", reducer_.options().name, "' has reduced ", reduced,
                   " times); expected one step() per reducing synchronize()");
   reduced_steps_ = reduced;
-  wait_parameters();  // the previous step's all-gathers (overlap_all_gather)
   optim::Hyper h = hyper_;
   h.step = steps_ + 1;
-  if (!params_.empty()) {
-    cuda::OptionalDeviceGuard device(buckets_.front().layout.device);
-    optim::step(params_, grads_, states_, h, grad_scale, copies_, stream, names_);
-  }
-  launch_gathers(stream, false);
+  launch_gathers(stream, &h, grad_scale);  // waits for the previous all-gathers first
   if (!opt_.overlap_all_gather) wait_parameters();
   ++steps_;
-}
-
-// Every rank's block of each gather buffer holds its rounded master weights
-// (written by optim::step's model copies, or here when cast_master); one
-// in-place all-gather per bucket, all launched before the first wait, last
-// bucket first: buckets are formed in reverse registration order, so the
-// last bucket holds the first layers, which the next forward pass needs
-// first (every rank launches in this same order).
-void ShardedOptimizerImpl::launch_gathers(void* stream, bool cast_master) {
-  wait_parameters();  // the gather buffers are about to be rewritten
-  gather_stream_ = stream;
-  for (size_t i = buckets_.size(); i-- > 0;) {
-    Bucket& z = buckets_[i];
-    cuda::OptionalDeviceGuard device(z.layout.device);
-    const int64_t s = z.shard.shard_numel;
-    if (cast_master && z.owned > 0)
-      compression::cast_convert(z.layout.device, z.master.data(), DType::kFloat32,
-                                z.gather.at(z.shard.begin), z.layout.dtype, z.owned, 1.f,
-                                stream);
-    z.gather_pending = true;
-    if (world_ == 1) continue;
-    OpOptions o;
-    o.name = opt_.name + " gather bucket " + std::to_string(i);
-    o.stream = stream;
-    z.gather_work = reducer_.group()->allgather_async(
-        z.gather.view().slice(rank_ * s, rank_ * s + s), z.gather.view(), o);
-  }
-}
-
-// Waits for bucket b's all-gather and writes its parameters from it.
-void ShardedOptimizerImpl::finish_gather(size_t b) {
-  Bucket& z = buckets_[b];
-  if (!z.gather_pending) return;
-  cuda::OptionalDeviceGuard device(z.layout.device);
-  WorkPtr work = std::move(z.gather_work);
-  z.gather_pending = false;
-  if (work) work->wait();
-  if (z.layout.device.is_cpu()) {
-    dp::unflatten_scale_cpu(z.gather.data(), z.layout.dtype, z.chunks.data(), z.chunks.size(),
-                            1);
-    return;
-  }
-#if TUTTI_WITH_CUDA
-  kernels::launch_unflatten_scale(
-      z.gather.data(), z.layout.dtype,
-      static_cast<const kernels::UnflattenChunk*>(z.device_chunks.data()),
-      static_cast<int>(z.chunks.size()), 1, static_cast<cudaStream_t>(gather_stream_));
-#endif
-}
-
-void ShardedOptimizerImpl::wait_parameters() {
-  for (size_t b = buckets_.size(); b-- > 0;) finish_gather(b);
-}
-
-void ShardedOptimizerImpl::wait_parameter(int index) {
-  TUTTI_ARG_CHECK(index >= 0 && index < static_cast<int>(param_bucket_.size()),
-                  "ShardedOptimizer '", opt_.name, "': wait_parameter(", index,
-                  "): no such parameter (", param_bucket_.size(), " registered)");
-  // Buckets finish in launch order (the earlier all-gathers complete first
-  // anyway), so a forward pass may ask in any order.
-  const size_t mine = static_cast<size_t>(param_bucket_[static_cast<size_t>(index)]);
-  for (size_t b = buckets_.size(); b-- > mine;) finish_gather(b);
-}
-
-void ShardedOptimizerImpl::write_parameters(void* stream, bool cast_master) {
-  launch_gathers(stream, cast_master);
-  wait_parameters();
 }
 
 std::vector<Tensor> ShardedOptimizerImpl::gradient_shards() const { return grads_; }
@@ -353,6 +310,13 @@ int64_t ShardedOptimizerImpl::state_bytes() const {
   int64_t owned = 0;
   for (const Bucket& z : buckets_) owned += z.owned;
   return owned * 4 * static_cast<int64_t>(1 + optim::num_states(hyper_.kind));
+}
+
+int64_t ShardedOptimizerImpl::gradient_bytes() const {
+  int64_t bytes = reducer_.stats().bucket_bytes;
+  for (const Bucket& z : buckets_)
+    bytes += (z.grad.numel() + z.wire.numel()) * static_cast<int64_t>(dtype_size(z.wire_dtype));
+  return bytes;
 }
 
 int64_t ShardedOptimizerImpl::unsharded_state_bytes() const {
@@ -375,13 +339,15 @@ int64_t ShardedOptimizer::steps() const { return impl_->steps_; }
 const ShardedOptimizerOptions& ShardedOptimizer::options() const { return impl_->opt_; }
 const std::vector<ZeroShard>& ShardedOptimizer::shards() const { return impl_->shards_; }
 int64_t ShardedOptimizer::state_bytes() const { return impl_->state_bytes(); }
+int64_t ShardedOptimizer::gradient_bytes() const { return impl_->gradient_bytes(); }
+int64_t ShardedOptimizer::gather_bytes() const { return impl_->gather_bytes(); }
 int64_t ShardedOptimizer::unsharded_state_bytes() const {
   return impl_->unsharded_state_bytes();
 }
 void ShardedOptimizer::wait_parameters() { impl_->wait_parameters(); }
 void ShardedOptimizer::wait_parameter(int index) { impl_->wait_parameter(index); }
 StateDict ShardedOptimizer::state_dict() { return impl_->state_dict(); }
-void ShardedOptimizer::on_state_loaded() { impl_->write_parameters(nullptr, true); }
+void ShardedOptimizer::on_state_loaded() { impl_->write_parameters(nullptr); }
 StateDict ShardedOptimizer::consolidate() { return impl_->consolidate(); }
 
 }  // namespace tutti

@@ -11,11 +11,18 @@
 //  * gather: W * S elements in the parameters' dtype; step() writes the
 //    rounded master weights into block r, all-gathers in place, and copies
 //    [0, N) into the parameters (the reducer's unflatten, divisor 1).
+//    Owned per bucket with overlap_all_gather (or gather_buffers = 0), else
+//    borrowed from a pool of gather_buffers slots (zero_gather.cc) from the
+//    bucket's update until its parameters are written.  step() therefore
+//    updates and launches bucket by bucket (last first), one optim::step
+//    per bucket over its step lists.
 // Pieces: the parts of parameters inside [r*S, r*S + n); stage 1 reads its
 // gradients through them (Reducer::gradient), stage 2 from `grad`.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/host_buffer.h"
@@ -45,12 +52,19 @@ struct Bucket {
   dp::FusionBuffer wire;
   DType wire_dtype = DType::kFloat32;
   dp::FusionBuffer gather;
+  int gather_slot = -1;          // pooled: the slot `gather` borrows
   std::vector<Piece> pieces;
   std::vector<kernels::UnflattenChunk> chunks;  // gather -> parameters
 #if TUTTI_WITH_CUDA
   cuda::DeviceBuffer device_chunks;
 #endif
   std::vector<int> slot_params;  // slot s -> reducer parameter index
+  // The bucket's optim::step lists (views, built once; copies re-pointed at
+  // the gather buffer when pooled: copy_ranges are their bucket ranges).
+  std::vector<Tensor> step_params, step_grads, step_copies;
+  std::vector<std::vector<Tensor>> step_states;
+  std::vector<std::string> step_names;
+  std::vector<std::pair<int64_t, int64_t>> copy_ranges;
   WorkPtr gather_work;           // the all-gather in flight
   bool gather_pending = false;   // launched, parameters not written yet
   // consolidate(): the whole bucket's master and states (allocated lazily).
@@ -73,8 +87,11 @@ class ShardedOptimizerImpl {
   std::vector<Tensor> gradient_shards() const;
   // Block r of every bucket's gather buffer = round(master); all-gather;
   // copy into the parameters.  CUDA: on `stream`.
-  void write_parameters(void* stream, bool cast_master);
-  void launch_gathers(void* stream, bool cast_master);
+  void write_parameters(void* stream);
+  // Per bucket, last first: take a gather buffer, update the shard with
+  // `hyper` (or, null, round the master weights into it), launch the
+  // all-gather.  zero_gather.cc.
+  void launch_gathers(void* stream, const optim::Hyper* hyper, float grad_scale);
   void finish_gather(size_t bucket);
   void wait_parameters();
   void wait_parameter(int index);
@@ -82,6 +99,8 @@ class ShardedOptimizerImpl {
   StateDict consolidate();
   int64_t state_bytes() const;
   int64_t unsharded_state_bytes() const;
+  int64_t gradient_bytes() const;
+  int64_t gather_bytes() const;
 
   Reducer& reducer_;
   optim::Hyper hyper_;
@@ -93,9 +112,12 @@ class ShardedOptimizerImpl {
  private:
   std::string validate() const;
   void check_agreement(const std::string& local_error);
-  void setup_bucket(int index);
+  void setup_bucket(int index, bool pool_gathers);
   WorkPtr reduce_scatter(int bucket, const Tensor& flat, const OpOptions& o);
   void build_step_lists();
+  bool gather_pooled() const { return !gather_pool_.empty(); }
+  void acquire_gather(size_t bucket, void* stream);
+  void release_gather(zero::Bucket& z);
 
   int world_ = 1;
   int rank_ = 0;
@@ -103,10 +125,11 @@ class ShardedOptimizerImpl {
   void* gather_stream_ = nullptr;  // the stream the all-gathers were launched on
   std::vector<int> param_bucket_;  // reducer parameter index -> bucket
   HostBufferPool pool_;
-  // The step's argument lists (views), built once.
-  std::vector<Tensor> params_, grads_, copies_;
-  std::vector<std::vector<Tensor>> states_;
-  std::vector<std::string> names_;
+  std::vector<Tensor> grads_;  // every bucket's step_grads (gradient_shards())
+  // Pooled all-gather buffers (empty: every bucket owns one).
+  std::vector<std::unique_ptr<dp::PoolSlot>> gather_pool_;
+  std::vector<int> gather_free_;
+  int64_t gather_slot_bytes_ = 0;
 };
 
 }  // namespace tutti
