@@ -7,8 +7,11 @@
 //    after the first step (fusion buffers are 4 KiB+ here), and the number
 //    of small allocations per step (the communicator's per-operation
 //    Work handles, queued closures and descriptions, ~8 per collective)
-//    does not grow from step to step (+-2: the progress engine's std::deque
-//    allocates a new block every 16 queued operations and frees the old);
+//    does not grow from step to step (+-2 per communicator that carries the
+//    step's collectives: each progress engine's std::deque allocates a new
+//    block every 16 queued operations and frees the old, so a step may land
+//    one block more than another on every engine; the hierarchical path
+//    runs on two communicators, the node-local and the cross-node one);
 //  * stats().buffer_allocations stays at its value after build().
 #include <gtest/gtest.h>
 
@@ -93,9 +96,10 @@ TEST_P(Alloc, SteadyStateStepsDoNotAllocateBuffers) {
     per_step.push_back(red.all);
   }
   // Small per-operation allocations in the communicator: constant per step
-  // up to the deque's block recycling.
+  // up to the deques' block recycling (2 per engine carrying the step).
+  const long slack = GetParam() ? 4 : 2;
   for (size_t s = 2; s < per_step.size(); ++s)
-    EXPECT_LE(per_step[s], per_step[1] + 2) << "step " << s;
+    EXPECT_LE(per_step[s], per_step[1] + slack) << "step " << s;
   EXPECT_EQ(r.stats().buffer_allocations, buffers);
   if (world()->rank() == 0)
     std::printf("small allocations per reducing step (%zu buckets): %ld\n", r.buckets().size(),
