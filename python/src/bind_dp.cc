@@ -51,6 +51,9 @@ pyb::dict stats_dict(const ReducerStats& s) {
   d["bytes_copied_in"] = s.bytes_copied_in;
   d["bytes_copied_out"] = s.bytes_copied_out;
   d["marked_unused"] = s.marked_unused;
+  d["bucket_bytes"] = s.bucket_bytes;
+  d["pool_waits"] = s.pool_waits;
+  d["pool_growths"] = s.pool_growths;
   return d;
 }
 
@@ -263,7 +266,8 @@ void bind_dp(pyb::module_& m) {
            "Counters: steps, accumulation_passes, buckets_reduced, "
            "buckets_launched_early, bytes_reduced, unready_gradients, "
            "wait_seconds, writeback_seconds, buffer_allocations, "
-           "bucket_rebuilds, bytes_copied_in, bytes_copied_out, marked_unused.")
+           "bucket_rebuilds, bytes_copied_in, bytes_copied_out, marked_unused, "
+           "bucket_bytes, pool_waits, pool_growths.")
       .def("__repr__", [](Reducer& r) {
         return "<tutti.Reducer '" + r.options().name + "' " +
                std::to_string(r.num_parameters()) + " parameters>";

@@ -145,6 +145,11 @@ def test_unused_parameters_found_or_static(rank, size):
     # spare's gradient is zero; side's counts only the ranks that used it.
     assert torch.equal(ref[0][4], torch.zeros(4, 4, dtype=torch.float64))
     assert plain.reducer.stats()["bucket_rebuilds"] == 1
+    # No pool without a ZeRO-2 bucket collective: every bucket keeps its
+    # buffer, at least the bytes of its gradients (padding to the group size).
+    st = plain.reducer.stats()
+    grad_bytes = sum(p.numel() * p.element_size() for p in plain.module.parameters())
+    assert st["bucket_bytes"] >= grad_bytes and st["pool_waits"] == st["pool_growths"] == 0, st
     assert any(launched < reduced for launched, reduced in plain_early[1:]), \
         "without help the unused parameters' bucket waits for the end"
 
