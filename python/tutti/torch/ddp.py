@@ -127,6 +127,25 @@ class DistributedDataParallel(torch.nn.Module):
         return [i for i, p in enumerate(self._tutti.params) if id(p) not in reached]
 
     @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size=True, enable=True):
+        """torch DDP's uneven-inputs context: ``with model.join(): for batch
+        in my_data: ...`` lets ranks run different numbers of batches; on
+        leaving the block a rank calls ``hvd.join()`` on the DDP's group and
+        serves the others' gradient all-reduces with zeros until every rank
+        has left it.  Gradients average over the whole group (joined ranks
+        count as zeros): torch's ``divide_by_initial_world_size=True``, the
+        only mode (False raises ValueError).  After an exception inside the
+        block the rank does not join (the others then fail at TUTTI_TIMEOUT,
+        as with any missing collective)."""
+        if not divide_by_initial_world_size:
+            raise ValueError("DistributedDataParallel.join(divide_by_initial_world_size="
+                             "False) is not supported: joined ranks count as zeros in "
+                             "the average over the whole group")
+        yield
+        if enable:
+            self.process_group.join()
+
+    @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients without communicating;
         the first backward after the block reduces the accumulated sum."""

@@ -34,7 +34,8 @@ namespace mpi {
 
 class MpiCommunicator;
 
-// What the serve loops of one join() share.
+// What the serve loops of one join() share.  Slot 0 is the group's own
+// communicator, the others its followers.
 class JoinSession {
  public:
   JoinSession(size_t loops, double timeout_s);
@@ -48,25 +49,36 @@ class JoinSession {
   double timeout_s() const { return timeout_s_; }
   // Set once a loop failed: the others stop at their next poll.
   bool failed() const { return failed_.load(); }
-  const std::string& failed_group() const { return failed_group_; }
+  std::string failed_group();
 
-  // Loop `slot` ended (error null on success).  `start_seq` is the
-  // communicator's op count when its loop began (the join stamp).
-  void finish(size_t slot, uint64_t start_seq, std::exception_ptr error,
-              const std::string& group);
-  // Waits for every loop; rethrows the first error.  Returns the stamp:
-  // the sum of the loops' start_seq.
-  uint64_t wait();
+  // Loop `slot` began: the ops this rank queued on its communicator before
+  // join() are done; `start_seq` is the communicator's op count then.
+  void started(size_t slot, uint64_t start_seq);
+  // Up to `seconds` for every follower loop to begin; true once they have.
+  bool wait_followers_started(double seconds);
+  // join() gives up a follower that is not live on every rank (it can
+  // never see every rank join): its loop returns at its next poll.
+  void cancel(size_t slot);
+  bool cancelled(size_t slot);
+  // Loop `slot` ended (error null on success).
+  void finish(size_t slot, std::exception_ptr error, const std::string& group);
+  // Waits for loop `slot` (or every loop: npos); rethrows the first error.
+  void wait(size_t slot);
+  uint64_t start_seq(size_t slot);
 
  private:
-  using Clock = std::chrono::steady_clock;
+  struct Slot {
+    bool started = false;
+    bool done = false;
+    bool cancelled = false;
+    uint64_t start_seq = 0;
+  };
   double timeout_s_;
   std::atomic<int64_t> last_ns_;
   std::atomic<bool> failed_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  size_t pending_;
-  uint64_t stamp_ = 0;
+  std::vector<Slot> slots_;
   std::exception_ptr error_;
   std::string failed_group_;
 };

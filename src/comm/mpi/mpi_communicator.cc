@@ -347,20 +347,48 @@ void MpiCommunicator::start_join_loop(const std::shared_ptr<JoinSession>& sessio
       [self, session, slot] {
         // After the ops this rank queued before join(): they ran as a
         // running rank's, and count in the stamp (join.cc).
-        const uint64_t start = self->next_seq_;
+        session->started(slot, self->next_seq_);
         std::exception_ptr error;
         try {
-          self->serve_joined(*session);
+          self->serve_joined(*session, slot);
         } catch (...) {
           error = std::current_exception();
         }
-        session->finish(slot, start, error, self->name_);
+        session->finish(slot, error, self->name_);
       },
       false);
 }
 
-void MpiCommunicator::serve_joined(JoinSession& session) {
+void MpiCommunicator::serve_joined(JoinSession& session, size_t slot) {
   const comm::OpLabel label(detail::cat("join on group '", name_, "'"));
+  // Between waits (every 0.2 s): the deadline counts from the last progress
+  // of ANY loop of this join, and another loop's failure stops this one.
+  // False: join() gave this follower up.
+  auto poll = [&] {
+    if (session.cancelled(slot) || session.failed()) {
+      // The pending check is abandoned: the communicator is unusable now.
+      poisoned_ = true;
+      // Given up (destroyed on another rank): no peer will ever post on it,
+      // so MPI_Finalize has nothing to wait for.
+      if (!session.failed()) return false;
+      comm::note_communicator_poisoned();
+      TUTTI_THROW(kAborted, label, ": stopped because the join failed on group '",
+                  session.failed_group(), "'; communicator '", name_,
+                  "' is unusable now");
+    }
+    if (session.expired())
+      fail_timeout(label, next_seq_ + 1, session.timeout_s(),
+                   "waiting for the ranks that have not joined (counted from "
+                   "the last operation served on any communicator of this "
+                   "join)");
+    return true;
+  };
+  if (slot == 0) {
+    // Post on the group only once this rank's own ops on the followers are
+    // done: then all ranks joined here means no rank has an op left on any
+    // communicator of the family.
+    while (!session.wait_followers_started(0.2)) poll();
+  }
   std::vector<char> scratch;
   for (;;) {
     if (closed_ || poisoned_)
@@ -371,24 +399,8 @@ void MpiCommunicator::serve_joined(JoinSession& session) {
     progress_->kind = comm::kJoinKind;
     progress_->entered = next_seq_ + 1;
     AgreementCheck check(check_, check_, comm::join_wire(), false);
-    // Short slices: the deadline counts from the last progress of ANY loop
-    // of this join, and another loop's failure stops this one.
-    while (!check.wait(Deadline(0.2), label)) {
-      if (session.failed()) {
-        // The pending check is abandoned: this communicator cannot be
-        // used again.
-        poisoned_ = true;
-        comm::note_communicator_poisoned();
-        TUTTI_THROW(kAborted, label, ": stopped because the join failed on group '",
-                    session.failed_group(), "'; communicator '", name_,
-                    "' is unusable now");
-      }
-      if (session.expired())
-        fail_timeout(label, next_seq_ + 1, session.timeout_s(),
-                     "waiting for the ranks that have not joined (counted from "
-                     "the last operation served on any communicator of this "
-                     "join)");
-    }
+    while (!check.wait(Deadline(0.2), label))
+      if (!poll()) return;
     session.progressed();
     const std::vector<comm::WireDesc>* all = check.gathered();
     if (!all) {  // every rank joined

@@ -121,7 +121,7 @@ class MpiCommunicator : public Communicator,
                                           const Deadline& deadline)>& body);
   // The serve loop of a joined rank (engine thread); returns once every
   // rank joined.  `scratch` holds the identity tensors.
-  void serve_joined(JoinSession& session);
+  void serve_joined(JoinSession& session, size_t slot);
   void serve_op(const comm::WireDesc& op, std::vector<char>& scratch);
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
