@@ -4,7 +4,7 @@
 // ranks; join() returns the last rank to join on every rank.
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -172,6 +172,23 @@ TEST_F(Join, ASplitDroppedOnOneRankIsGivenUp) {
   int32_t one = 1;
   g->allreduce(Tensor::of(&one, 1));
   EXPECT_EQ(one, n);
+}
+
+// Without the agreement check nothing tells a joined rank what runs: every
+// rank refuses at once (no collective), and the group stays usable.
+TEST_F(Join, RefusedWithoutTheAgreementCheck) {
+  setenv("TUTTI_CHECK_COLLECTIVES", "0", 1);
+  config::reload();
+  try {
+    g->join();
+    ADD_FAILURE() << "join() ran without the agreement check";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+    expect_contains(e.what(), "TUTTI_CHECK_COLLECTIVES=0");
+  }
+  unsetenv("TUTTI_CHECK_COLLECTIVES");
+  config::reload();
+  EXPECT_EQ(g->join(), n - 1);
 }
 
 }  // namespace
