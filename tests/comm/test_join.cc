@@ -24,19 +24,19 @@ bool is_float(DType d) {
          d == DType::kFloat64;
 }
 
-void expect_contains(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "'" << part << "' not in: " << s;
-}
-
-std::string expect_mismatch(const std::function<void()>& op) {
+// `op` must fail with kMismatch on this (running) rank, and the message
+// name the joined rank, what was refused (`why`) and that nobody ran it.
+void expect_refused(const std::function<void()>& op, const std::string& why) {
+  std::string m;
   try {
     op();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
-    return e.what();
+    m = e.what();
   }
-  ADD_FAILURE() << "no error was raised";
-  return "";
+  for (const std::string part : {std::string("rank 0 called join()"), why,
+                                 std::string("no rank ran it")})
+    EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
 }
 
 class Join : public ::testing::Test {
@@ -125,16 +125,14 @@ TEST_F(Join, RefusedKindsAreAMismatchOnTheRunningRanks) {
     return;
   }
   std::vector<float> in(2, 1.0f), out(2 * n);
-  std::string m = expect_mismatch([&] { g->allgather(Tensor::of(in), Tensor::of(out)); });
-  expect_contains(m, "rank 0 called join()");
-  expect_contains(m, "no rank ran it");
+  const std::string no_identity = "has no identity a joined rank could contribute";
+  expect_refused([&] { g->allgather(Tensor::of(in), Tensor::of(out)); },
+                 "allgather #");
   std::vector<float> rs_in(n), rs_out(1);
-  m = expect_mismatch([&] { g->reduce_scatter(Tensor::of(rs_in), Tensor::of(rs_out)); });
-  expect_contains(m, "rank 0 called join()");
-  m = expect_mismatch([&] { g->broadcast(Tensor::of(in), 0); });
-  expect_contains(m, "its root, rank 0, has joined");
-  m = expect_mismatch([&] { g->split_group(0, rank, "join/refused"); });
-  expect_contains(m, "rank 0 called join()");
+  expect_refused([&] { g->reduce_scatter(Tensor::of(rs_in), Tensor::of(rs_out)); },
+                 no_identity);
+  expect_refused([&] { g->broadcast(Tensor::of(in), 0); }, "its root, rank 0, has joined");
+  expect_refused([&] { g->split_group(0, rank, "join/refused"); }, "split #");
   // Still served afterwards: the sum over ranks 1..n-1 of rank.
   int32_t v = rank;
   g->allreduce(Tensor::of(&v, 1));
@@ -184,7 +182,8 @@ TEST_F(Join, RefusedWithoutTheAgreementCheck) {
     ADD_FAILURE() << "join() ran without the agreement check";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-    expect_contains(e.what(), "TUTTI_CHECK_COLLECTIVES=0");
+    EXPECT_NE(std::string(e.what()).find("TUTTI_CHECK_COLLECTIVES=0"), std::string::npos)
+        << e.what();
   }
   unsetenv("TUTTI_CHECK_COLLECTIVES");
   config::reload();
