@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include "comm/mpi/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/mpi/running_op.h"
+#include "comm/registry.h"
 #include "core/check.h"
 #include "tutti/config.h"
 
@@ -111,6 +114,127 @@ void JoinSession::wait(size_t slot) {
 uint64_t JoinSession::start_seq(size_t slot) {
   std::lock_guard<std::mutex> lock(mu_);
   return slots_[slot].start_seq;
+}
+
+std::vector<std::shared_ptr<MpiCommunicator>> MpiCommunicator::followers() {
+  std::lock_guard<std::mutex> lock(followers_mu_);
+  std::vector<std::shared_ptr<MpiCommunicator>> live;
+  std::vector<std::weak_ptr<MpiCommunicator>> kept;
+  for (const auto& w : followers_)
+    if (auto f = w.lock()) {
+      if (f->closed_) continue;
+      live.push_back(f);
+      kept.push_back(w);
+    }
+  followers_.swap(kept);
+  return live;
+}
+
+void MpiCommunicator::start_join_loop(const std::shared_ptr<JoinSession>& session,
+                                      size_t slot) {
+  auto self = shared_from_this();
+  engine_.submit(
+      [self, session, slot] {
+        // After the ops this rank queued before join(): they ran as a
+        // running rank's, and count in the stamp (join.cc).
+        session->started(slot, self->next_seq_);
+        std::exception_ptr error;
+        try {
+          self->serve_joined(*session, slot);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        session->finish(slot, error, self->name_);
+      },
+      false);
+}
+
+void MpiCommunicator::serve_joined(JoinSession& session, size_t slot) {
+  const comm::OpLabel label(detail::cat("join on group '", name_, "'"));
+  // Between waits (every 0.2 s): the deadline counts from the last progress
+  // of ANY loop of this join, and another loop's failure stops this one.
+  // False: join() gave this follower up.
+  auto poll = [&] {
+    if (session.cancelled(slot) || session.failed()) {
+      // The pending check is abandoned: the communicator is unusable now.
+      poisoned_ = true;
+      // Given up (destroyed on another rank): no peer will ever post on it,
+      // so MPI_Finalize has nothing to wait for.
+      if (!session.failed()) return false;
+      comm::note_communicator_poisoned();
+      TUTTI_THROW(kAborted, label, ": stopped because the join failed on group '",
+                  session.failed_group(), "'; communicator '", name_,
+                  "' is unusable now");
+    }
+    if (session.expired())
+      fail_timeout(label, next_seq_ + 1, session.timeout_s(),
+                   "waiting for the ranks that have not joined (counted from "
+                   "the last operation served on any communicator of this "
+                   "join)");
+    return true;
+  };
+  if (slot == 0) {
+    // Post on the group only once this rank's own ops on the followers are
+    // done: then all ranks joined here means no rank has an op left on any
+    // communicator of the family.
+    while (!session.wait_followers_started(0.2)) poll();
+  }
+  std::vector<char> scratch;
+  for (;;) {
+    if (closed_ || poisoned_)
+      TUTTI_THROW(kAborted, label, ": communicator '", name_,
+                  "' is unusable after an earlier failure");
+    if (size_ == 1) return;
+    // Peers' status queries see this rank at the next op, inside join.
+    progress_->kind = comm::kJoinKind;
+    progress_->entered = next_seq_ + 1;
+    AgreementCheck check(check_, check_, comm::join_wire(), false);
+    while (!check.wait(Deadline(0.2), label))
+      if (!poll()) return;
+    session.progressed();
+    const std::vector<comm::WireDesc>* all = check.gathered();
+    if (!all) {  // every rank joined
+      progress_->entered = progress_->completed = next_seq_;
+      return;
+    }
+    const comm::JoinVerdict verdict = comm::join_verdict(*all);
+    if (verdict.runner < 0)
+      TUTTI_THROW(kInternal, label, ": the join check disagreed but no rank runs an op");
+    const comm::WireDesc& op = (*all)[static_cast<size_t>(verdict.runner)];
+    // Number as the running ranks do (an op they refused still counted).
+    next_seq_ = op.seq;
+    if (!verdict.servable) {
+      // The running ranks raise kMismatch; nobody runs it.
+      progress_->kind = op.kind;
+      progress_->entered = progress_->completed = op.seq;
+      continue;
+    }
+    serve_op(op, scratch);
+    session.progressed();
+  }
+}
+
+void MpiCommunicator::serve_op(const comm::WireDesc& op, std::vector<char>& scratch) {
+  const comm::CommSettings::Values settings = settings_.get();
+  OpRequest r;
+  r.kind = static_cast<CollectiveKind>(op.kind);
+  r.op = static_cast<ReduceOp>(op.op);
+  r.root = op.root;
+  r.options.name = "served by a joined rank";
+  r.options.timeout_s = settings.timeout_s;
+  if (r.kind != CollectiveKind::kBarrier) {
+    // make_wire's count for all-reduce and broadcast: the element count.
+    const auto dtype = static_cast<DType>(op.dtype);
+    scratch.resize(static_cast<size_t>(op.count) * dtype_size(dtype));
+    if (r.kind == CollectiveKind::kAllreduce)
+      comm::fill_identity(dtype, r.op, scratch.data(), op.count);
+    r.input = r.output = Tensor(scratch.data(), dtype, Shape{op.count});
+  }
+  const comm::OpLabel desc(r, op.seq, name_);
+  RunningOp running(*this, op.seq, op.kind, desc, comm::payload_bytes(r),
+                    settings.stall_warn_s, settings.timeout_s);
+  running.set_phase("exchanging data (served by a joined rank)");
+  run_collective(r, Deadline(settings.timeout_s), desc, op.seq);
 }
 
 int join(const std::shared_ptr<MpiCommunicator>& comm) {

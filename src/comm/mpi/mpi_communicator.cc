@@ -1,5 +1,6 @@
 #include "comm/mpi/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "comm/cpu_work.h"
 #include "comm/mpi/agreement.h"
+#include "comm/mpi/running_op.h"
 #include "comm/registry.h"
 #include "comm/staged_work.h"
 #include "core/cpu_reduce.h"
@@ -237,49 +239,6 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   return work;
 }
 
-// One numbered op while it runs on the engine (a collective or a split):
-// peers' status queries see it entered, and finished once the scope ends
-// (whether it succeeded or threw), so a timed-out rank names exactly the
-// ranks that never arrived; the stall inspector watches it (stall_) until
-// then.  Engine thread only, one at a time.
-class MpiCommunicator::RunningOp {
- public:
-  RunningOp(MpiCommunicator& c, uint64_t seq, uint8_t kind,
-            const comm::OpLabel& desc, size_t bytes, double stall_warn_s,
-            double timeout_s)
-      : c_(c), desc_(desc), seq_(seq), bytes_(bytes),
-        stall_warn_s_(stall_warn_s), timeout_s_(timeout_s) {
-    c_.progress_->kind = kind;
-    c_.progress_->entered = seq;
-    // Quiet unless the op waits TUTTI_STALL_WARN_S.  The callback captures
-    // one pointer (no allocation per op).
-    if (c_.size_ > 1 && stall_warn_s > 0) {
-      stall_.emplace(stall_warn_s, [this](double waited) {
-        c_.warn_stall(desc_, bytes_, seq_, waited, stall_warn_s_, timeout_s_,
-                      phase_);
-      });
-      c_.stall_ = &*stall_;
-    }
-  }
-  ~RunningOp() {
-    c_.stall_ = nullptr;
-    c_.progress_->completed = seq_;
-  }
-  RunningOp(const RunningOp&) = delete;
-  RunningOp& operator=(const RunningOp&) = delete;
-  // What the op waits for now, for the stall warning.
-  void set_phase(const char* phase) { phase_ = phase; }
-
- private:
-  MpiCommunicator& c_;
-  const comm::OpLabel& desc_;
-  uint64_t seq_;
-  size_t bytes_;
-  double stall_warn_s_;
-  double timeout_s_;
-  const char* phase_ = "agreeing on the operation";
-  std::optional<StallWatch> stall_;
-};
 
 void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
   const OpRequest& r = q->request;
@@ -324,127 +283,6 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
   // After the RunningOp ended: peers see the op finished before its waiter
   // is released.
   work.finish(error);
-}
-
-std::vector<std::shared_ptr<MpiCommunicator>> MpiCommunicator::followers() {
-  std::lock_guard<std::mutex> lock(followers_mu_);
-  std::vector<std::shared_ptr<MpiCommunicator>> live;
-  std::vector<std::weak_ptr<MpiCommunicator>> kept;
-  for (const auto& w : followers_)
-    if (auto f = w.lock()) {
-      if (f->closed_) continue;
-      live.push_back(f);
-      kept.push_back(w);
-    }
-  followers_.swap(kept);
-  return live;
-}
-
-void MpiCommunicator::start_join_loop(const std::shared_ptr<JoinSession>& session,
-                                      size_t slot) {
-  auto self = shared_from_this();
-  engine_.submit(
-      [self, session, slot] {
-        // After the ops this rank queued before join(): they ran as a
-        // running rank's, and count in the stamp (join.cc).
-        session->started(slot, self->next_seq_);
-        std::exception_ptr error;
-        try {
-          self->serve_joined(*session, slot);
-        } catch (...) {
-          error = std::current_exception();
-        }
-        session->finish(slot, error, self->name_);
-      },
-      false);
-}
-
-void MpiCommunicator::serve_joined(JoinSession& session, size_t slot) {
-  const comm::OpLabel label(detail::cat("join on group '", name_, "'"));
-  // Between waits (every 0.2 s): the deadline counts from the last progress
-  // of ANY loop of this join, and another loop's failure stops this one.
-  // False: join() gave this follower up.
-  auto poll = [&] {
-    if (session.cancelled(slot) || session.failed()) {
-      // The pending check is abandoned: the communicator is unusable now.
-      poisoned_ = true;
-      // Given up (destroyed on another rank): no peer will ever post on it,
-      // so MPI_Finalize has nothing to wait for.
-      if (!session.failed()) return false;
-      comm::note_communicator_poisoned();
-      TUTTI_THROW(kAborted, label, ": stopped because the join failed on group '",
-                  session.failed_group(), "'; communicator '", name_,
-                  "' is unusable now");
-    }
-    if (session.expired())
-      fail_timeout(label, next_seq_ + 1, session.timeout_s(),
-                   "waiting for the ranks that have not joined (counted from "
-                   "the last operation served on any communicator of this "
-                   "join)");
-    return true;
-  };
-  if (slot == 0) {
-    // Post on the group only once this rank's own ops on the followers are
-    // done: then all ranks joined here means no rank has an op left on any
-    // communicator of the family.
-    while (!session.wait_followers_started(0.2)) poll();
-  }
-  std::vector<char> scratch;
-  for (;;) {
-    if (closed_ || poisoned_)
-      TUTTI_THROW(kAborted, label, ": communicator '", name_,
-                  "' is unusable after an earlier failure");
-    if (size_ == 1) return;
-    // Peers' status queries see this rank at the next op, inside join.
-    progress_->kind = comm::kJoinKind;
-    progress_->entered = next_seq_ + 1;
-    AgreementCheck check(check_, check_, comm::join_wire(), false);
-    while (!check.wait(Deadline(0.2), label))
-      if (!poll()) return;
-    session.progressed();
-    const std::vector<comm::WireDesc>* all = check.gathered();
-    if (!all) {  // every rank joined
-      progress_->entered = progress_->completed = next_seq_;
-      return;
-    }
-    const comm::JoinVerdict verdict = comm::join_verdict(*all);
-    if (verdict.runner < 0)
-      TUTTI_THROW(kInternal, label, ": the join check disagreed but no rank runs an op");
-    const comm::WireDesc& op = (*all)[static_cast<size_t>(verdict.runner)];
-    // Number as the running ranks do (an op they refused still counted).
-    next_seq_ = op.seq;
-    if (!verdict.servable) {
-      // The running ranks raise kMismatch; nobody runs it.
-      progress_->kind = op.kind;
-      progress_->entered = progress_->completed = op.seq;
-      continue;
-    }
-    serve_op(op, scratch);
-    session.progressed();
-  }
-}
-
-void MpiCommunicator::serve_op(const comm::WireDesc& op, std::vector<char>& scratch) {
-  const comm::CommSettings::Values settings = settings_.get();
-  OpRequest r;
-  r.kind = static_cast<CollectiveKind>(op.kind);
-  r.op = static_cast<ReduceOp>(op.op);
-  r.root = op.root;
-  r.options.name = "served by a joined rank";
-  r.options.timeout_s = settings.timeout_s;
-  if (r.kind != CollectiveKind::kBarrier) {
-    // make_wire's count for all-reduce and broadcast: the element count.
-    const auto dtype = static_cast<DType>(op.dtype);
-    scratch.resize(static_cast<size_t>(op.count) * dtype_size(dtype));
-    if (r.kind == CollectiveKind::kAllreduce)
-      comm::fill_identity(dtype, r.op, scratch.data(), op.count);
-    r.input = r.output = Tensor(scratch.data(), dtype, Shape{op.count});
-  }
-  const comm::OpLabel desc(r, op.seq, name_);
-  RunningOp running(*this, op.seq, op.kind, desc, comm::payload_bytes(r),
-                    settings.stall_warn_s, settings.timeout_s);
-  running.set_phase("exchanging data (served by a joined rank)");
-  run_collective(r, Deadline(settings.timeout_s), desc, op.seq);
 }
 
 void MpiCommunicator::check_agreement(MPI_Comm check_comm,
@@ -661,7 +499,14 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
                   mix_id(comm_id_, index, static_cast<uint64_t>(color)));
               if (child->size() == size_) {
                 // Same membership: a joined rank serves it too (join.h).
+                // Dropped ones go here, so that the list stays short.
                 std::lock_guard<std::mutex> lock(followers_mu_);
+                followers_.erase(
+                    std::remove_if(followers_.begin(), followers_.end(),
+                                   [](const std::weak_ptr<MpiCommunicator>& f) {
+                                     return f.expired();
+                                   }),
+                    followers_.end());
                 followers_.push_back(child);
               }
             });
