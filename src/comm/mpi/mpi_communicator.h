@@ -119,9 +119,11 @@ class MpiCommunicator : public Communicator,
   void run_split(uint8_t kind, const std::string& detail,
                  const std::function<void(const comm::OpLabel& desc, uint64_t seq,
                                           const Deadline& deadline)>& body);
-  // The serve loop of a joined rank (engine thread); returns once every
-  // rank joined.  `scratch` holds the identity tensors.
+  // The serve loop of a joined rank (engine thread, join.cc); returns once
+  // every rank joined, or when join() gives this follower up.
   void serve_joined(JoinSession& session, size_t slot);
+  // Runs the op of descriptor `op` with the reduction's identity in
+  // `scratch` (a broadcast lands there and is dropped).
   void serve_op(const comm::WireDesc& op, std::vector<char>& scratch);
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
@@ -149,6 +151,7 @@ class MpiCommunicator : public Communicator,
   // The running op's stall watch (engine thread only; null between ops and
   // when TUTTI_STALL_WARN_S is 0).  Set by RunningOp.
   StallWatch* stall_ = nullptr;
+  // Same-membership splits (weak: they die with their groups).
   std::mutex followers_mu_;
   std::vector<std::weak_ptr<MpiCommunicator>> followers_;
 };
