@@ -81,6 +81,22 @@ class TUTTI_API ProcessGroup : public Communicator {
   CommunicatorPtr cuda_communicator(int device);
   // Waits for every operation submitted so far on every backend.
   void synchronize();
+  // Uneven inputs (Horovod's hvd.join()): a rank out of data calls join().
+  // It blocks until every rank of the group has called it and meanwhile
+  // takes part in the collectives the other ranks still run on this group
+  // and on its same-membership splits (the reducer's launch channels), with
+  // the reduction's identity: 0 for sum and avg (an average still divides
+  // by size(): joined ranks count as zeros), 1 for prod, +inf/the largest
+  // integer for min, -inf/the lowest for max.  Servable: all-reduce,
+  // barrier, and broadcast from a rank that has not joined; any other
+  // collective (allgather, reduce-scatter, alltoall, a split, a broadcast
+  // from a joined root) is Error(kMismatch) on every running rank, which no
+  // rank ran.  Returns the rank that joined last (ties: the highest), the
+  // same on every rank.  Error(kUnsupported) on a group that has an NCCL
+  // communicator and with TUTTI_CHECK_COLLECTIVES=0; Error(kTimeout) after
+  // TUTTI_TIMEOUT without any collective on the group's family.
+  // docs/communication.md, "Uneven inputs".
+  int join();
 
  private:
   std::unique_ptr<ProcessGroupImpl> impl_;

@@ -268,6 +268,12 @@ void bind_comm(pyb::module_& m) {
         pyb::gil_scoped_release nogil;
         g.synchronize();
       }, "Wait for every operation submitted so far.")
+      .def("join", [](ProcessGroup& g) {
+        pyb::gil_scoped_release nogil;
+        return g.join();
+      }, "Uneven inputs: block until every rank joined, taking part in the "
+         "others' all-reduces (identity), barriers and broadcasts meanwhile; "
+         "returns the rank that joined last (docs/python.md, join).")
       .def("__repr__", [](ProcessGroup& g) {
         return "<tutti.ProcessGroup '" + g.name() + "' rank " +
                std::to_string(g.rank()) + " of " + std::to_string(g.size()) + ">";

@@ -1,6 +1,8 @@
 #include "comm/op_desc.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -87,7 +89,8 @@ std::string describe_wire(const WireDesc& w) {
   std::ostringstream os;
   const auto kind = static_cast<CollectiveKind>(w.kind);
   if (w.kind > static_cast<uint8_t>(CollectiveKind::kRecv)) {
-    // internal kinds (communicator splits)
+    // internal kinds (communicator splits, join)
+    if (w.kind == kJoinKind) return "join";
     os << (w.kind == kSplitSharedKind ? "node split #" : "split #") << w.seq;
     return os.str();
   }
@@ -240,6 +243,102 @@ std::string mismatch_message(const std::vector<WireDesc>& all) {
   }
   os << " but rank 0 has " << ref;
   return os.str();
+}
+
+WireDesc join_wire() {
+  WireDesc w;
+  w.kind = kJoinKind;
+  return w;
+}
+
+JoinVerdict join_verdict(const std::vector<WireDesc>& all) {
+  JoinVerdict v;
+  std::vector<int> joined;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].kind == kJoinKind)
+      joined.push_back(static_cast<int>(i));
+    else if (v.runner < 0)
+      v.runner = static_cast<int>(i);
+  }
+  if (joined.empty()) return v;
+  v.any_joined = true;
+  for (size_t i = 0; i < joined.size(); ++i)
+    v.joined += (i ? ", " : "") + std::to_string(joined[i]);
+  if (v.runner < 0) return v;  // every rank joined: nothing to serve
+  const WireDesc& op = all[static_cast<size_t>(v.runner)];
+  for (const WireDesc& d : all) {
+    if (d.kind == kJoinKind) continue;
+    if (d.pad || std::memcmp(&d, &op, sizeof(WireDesc)) != 0) return v;
+  }
+  v.runners_agree = true;
+  switch (static_cast<CollectiveKind>(op.kind)) {
+    case CollectiveKind::kAllreduce:
+    case CollectiveKind::kBarrier:
+      v.servable = true;
+      return v;
+    case CollectiveKind::kBroadcast:
+      if (std::find(joined.begin(), joined.end(), op.root) == joined.end()) {
+        v.servable = true;
+        return v;
+      }
+      v.refusal = detail::cat("its root, rank ", op.root,
+                              ", has joined and has no data to send");
+      return v;
+    default:
+      v.refusal = detail::cat(
+          "a joined rank can only take part in all-reduces, barriers and "
+          "broadcasts from a rank that has not joined; ", describe_wire(op),
+          " has no identity a joined rank could contribute");
+      return v;
+  }
+}
+
+namespace {
+template <typename T>
+void fill(void* data, int64_t n, T value) {
+  std::fill_n(static_cast<T*>(data), n, value);
+}
+template <typename T>
+void fill_int(ReduceOp op, void* data, int64_t n) {
+  switch (op) {
+    case ReduceOp::kMin: return fill(data, n, std::numeric_limits<T>::max());
+    case ReduceOp::kMax: return fill(data, n, std::numeric_limits<T>::lowest());
+    case ReduceOp::kProd: return fill(data, n, T{1});
+    default: return fill(data, n, T{0});
+  }
+}
+template <typename T>
+void fill_float(ReduceOp op, void* data, int64_t n) {
+  switch (op) {
+    case ReduceOp::kMin: return fill(data, n, std::numeric_limits<T>::infinity());
+    case ReduceOp::kMax: return fill(data, n, -std::numeric_limits<T>::infinity());
+    case ReduceOp::kProd: return fill(data, n, T{1});
+    default: return fill(data, n, T{0});
+  }
+}
+// 16-bit floats as bit patterns: +inf, -inf and one.
+void fill_half(ReduceOp op, void* data, int64_t n, uint16_t inf, uint16_t ninf,
+               uint16_t one) {
+  switch (op) {
+    case ReduceOp::kMin: return fill<uint16_t>(data, n, inf);
+    case ReduceOp::kMax: return fill<uint16_t>(data, n, ninf);
+    case ReduceOp::kProd: return fill<uint16_t>(data, n, one);
+    default: return fill<uint16_t>(data, n, 0);
+  }
+}
+}  // namespace
+
+void fill_identity(DType dtype, ReduceOp op, void* data, int64_t n) {
+  switch (dtype) {
+    case DType::kFloat32: return fill_float<float>(op, data, n);
+    case DType::kFloat64: return fill_float<double>(op, data, n);
+    case DType::kFloat16: return fill_half(op, data, n, 0x7c00, 0xfc00, 0x3c00);
+    case DType::kBFloat16: return fill_half(op, data, n, 0x7f80, 0xff80, 0x3f80);
+    case DType::kInt8: return fill_int<int8_t>(op, data, n);
+    case DType::kUInt8: return fill_int<uint8_t>(op, data, n);
+    case DType::kInt32: return fill_int<int32_t>(op, data, n);
+    case DType::kInt64: return fill_int<int64_t>(op, data, n);
+  }
 }
 
 size_t payload_bytes(const OpRequest& r) {

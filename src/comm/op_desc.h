@@ -30,6 +30,32 @@ static_assert(sizeof(WireDesc) == 32, "WireDesc is exchanged as raw bytes");
 // mismatch.
 constexpr uint8_t kSplitKind = 200;
 constexpr uint8_t kSplitSharedKind = 201;
+// A rank inside join() (docs/communication.md, "Uneven inputs"): seq 0 and
+// every other field fixed, so that all joined ranks have one fingerprint
+// and a group where every rank joined agrees in phase 1.
+constexpr uint8_t kJoinKind = 202;
+WireDesc join_wire();
+
+// What joined ranks do with the operation the other ranks run, decided
+// from every rank's descriptor (index = rank) by this one function on
+// running and joined ranks alike, so that they always take the same
+// decision.
+struct JoinVerdict {
+  bool any_joined = false;  // some rank is in join()
+  bool servable = false;    // the joined ranks take part with the identity
+  int runner = -1;          // a running rank (its descriptor is the op)
+  bool runners_agree = false;  // every running rank is valid, same op
+  std::string joined;       // "1, 3": the joined ranks, for messages
+  std::string refusal;      // why not servable (empty when servable)
+};
+// Servable: at least one rank joined, every other rank is valid and has the
+// same descriptor, and the op is an all-reduce (any reduce op), a barrier,
+// or a broadcast whose root has not joined.
+JoinVerdict join_verdict(const std::vector<WireDesc>& all);
+// Fills `n` elements of `dtype` at `data` with the identity of `op`: 0 for
+// sum/avg, 1 for prod, +inf (the dtype's largest integer) for min, -inf (the
+// lowest) for max.
+void fill_identity(DType dtype, ReduceOp op, void* data, int64_t n);
 
 WireDesc make_wire(const OpRequest& r, uint64_t seq);
 // A 64-bit hash of every field (seq included).

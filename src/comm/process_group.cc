@@ -128,6 +128,21 @@ int ProcessGroup::world_rank(int group_rank) const {
   return impl_->mpi ? impl_->mpi->world_rank(group_rank) : group_rank;
 }
 
+int ProcessGroup::join() {
+  if (!impl_->mpi) return 0;  // a world of one: nothing to wait for
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (!impl_->cuda.empty())
+      TUTTI_THROW(kUnsupported, "join() on group '", impl_->name,
+                  "': the group has an NCCL communicator (cuda:",
+                  impl_->cuda.begin()->first,
+                  "), whose agreement check overlaps the operation, so a "
+                  "joined rank cannot serve it; join() needs host tensors "
+                  "(the MPI backend) for now");
+  }
+  return mpi::join(impl_->mpi);
+}
+
 void ProcessGroup::synchronize() {
   if (impl_->mpi) impl_->mpi->drain();
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -11,6 +11,8 @@
 //                            in MPI_Comm_split_type until mpiexec killed it
 //   timeout_probe group_split  as split, with a split_group (MPI_Comm_split)
 //                            instead of the node split
+//   timeout_probe join       as split, but the others call join() (a joined
+//                            rank's wait is bounded too, and names rank 1)
 // Each rank that sees the expected error prints "PROBE-OK rank R: <message>".
 // The message must name rank 1 alone as missing: with three or more ranks,
 // every other waiting rank is listed as "also arrived" (a split that did not
@@ -29,7 +31,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "straggler";
   tutti::init();
   auto w = tutti::world();
-  const bool split = mode == "split" || mode == "group_split";
+  const bool split = mode == "split" || mode == "group_split" || mode == "join";
   if (split) w = w->split_group(0, w->rank(), "probe");
   const int rank = w->rank();
   std::vector<float> v(1000, 1.0f);
@@ -46,10 +48,11 @@ int main(int argc, char** argv) {
       w->node_group();
     else if (mode == "group_split")
       w->split_group(0, rank, "probe/child");
+    else if (mode == "join")
+      w->join();
     else
       w->allreduce(tutti::Tensor::of(v), tutti::ReduceOp::kSum, {"probe"});
-    std::printf("PROBE-FAIL rank %d: the %s completed\n", rank,
-                split ? "split" : "allreduce");
+    std::printf("PROBE-FAIL rank %d: the %s completed\n", rank, mode.c_str());
   } catch (const tutti::Error& e) {
     const std::string m = e.what();
     const char* want = mode == "frozen" ? "did not answer" : "never arrived: rank 1";
@@ -57,6 +60,7 @@ int main(int argc, char** argv) {
         mode == "split"         ? m.find("node split #") != std::string::npos
         : mode == "group_split" ? m.find("split #") != std::string::npos &&
                                       m.find("(color 0, key ") != std::string::npos
+        : mode == "join"        ? m.find("join on group 'probe'") != std::string::npos
                                 : m.find("allreduce #") != std::string::npos &&
                                       m.find("'probe'") != std::string::npos;
     // The other waiting ranks (world ranks equal group ranks here).

@@ -105,6 +105,7 @@ from .mpi_ops import (  # noqa: F401
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
+    join,
     poll,
     reducescatter,
     reducescatter_async,

@@ -127,6 +127,34 @@ class DistributedDataParallel(torch.nn.Module):
         return [i for i, p in enumerate(self._tutti.params) if id(p) not in reached]
 
     @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size=True, enable=True):
+        """torch DDP's uneven-inputs context: ``with model.join(): for batch
+        in my_data: ...`` lets ranks run different numbers of batches; on
+        leaving the block a rank calls ``hvd.join()`` on the DDP's group and
+        serves the others' gradient all-reduces with zeros until every rank
+        has left it; then every rank takes the parameters and buffers of the
+        last rank to join (a joined rank skipped the optimizer steps of the
+        batches it lacked), as torch's join hook does.  Gradients average over the whole group (joined ranks
+        count as zeros): torch's ``divide_by_initial_world_size=True``, the
+        only mode (False raises ValueError).  After an exception inside the
+        block the rank does not join (the others then fail at TUTTI_TIMEOUT,
+        as with any missing collective)."""
+        if not divide_by_initial_world_size:
+            raise ValueError("DistributedDataParallel.join(divide_by_initial_world_size="
+                             "False) is not supported: joined ranks count as zeros in "
+                             "the average over the whole group")
+        yield
+        if enable:
+            # A joined rank skipped the optimizer steps of the batches it
+            # did not have: as torch's join hook, every rank takes the model
+            # of the last rank to join.
+            last = self.process_group.join()
+            self._tutti.broadcast_parameters(last)
+            buffers = [b for b in self.module.buffers()]
+            if buffers:
+                broadcast_tensors_(buffers, last, self.process_group, "ddp buffers")
+
+    @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients without communicating;
         the first backward after the block reduces the accumulated sum."""

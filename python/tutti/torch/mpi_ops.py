@@ -567,3 +567,22 @@ def grouped_reducescatter(tensors, name=None, op=Average, process_set=None,
 def barrier(process_set=None):
     """Blocks until every rank of the group arrives."""
     group_or_world(process_set, "hvd.barrier()").barrier()
+
+
+def join(device=-1, process_set=None):
+    """Horovod's ``hvd.join()`` for uneven inputs: a rank that ran out of
+    data calls it; it blocks until every rank of the set has called it and
+    meanwhile takes part in the collectives the other ranks still run (on
+    the set and on its same-membership splits, such as DDP's and
+    DistributedOptimizer's reducer channels), contributing the reduction's
+    identity (zeros for Sum/Average, one for Product, +inf/-inf for
+    Min/Max).  An Average still divides by the full set size: joined ranks
+    count as zeros (torch DDP Join's ``divide_by_initial_world_size``).
+    Served: all-reduces, barriers and broadcasts from a rank that has not
+    joined; any other collective raises MismatchError on the running ranks.
+    Returns the rank that joined last (ties: the highest), the same on
+    every rank.  ``device`` is accepted for Horovod's signature (tutti
+    serves host tensors; a set with CUDA tensors raises UnsupportedError).
+    docs/python.md, "Uneven inputs"."""
+    del device
+    return group_or_world(process_set, "hvd.join()").join()

@@ -7,9 +7,9 @@ namespace mpi {
 
 AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
                                const comm::WireDesc& wire, bool locally_invalid,
-                               const char* outcome)
+                               const char* outcome, bool serve_joined)
     : detail_comm_(detail_comm), locally_invalid_(locally_invalid),
-      outcome_(outcome),
+      outcome_(outcome), serve_joined_(serve_joined),
       b_(new Buffers()) {
   b_->wire = wire;
   b_->wire.pad = locally_invalid ? 1 : 0;
@@ -59,6 +59,7 @@ bool AgreementCheck::test(const comm::OpLabel& desc) {
 }
 
 void AgreementCheck::settle_mismatch(const comm::OpLabel& desc) {
+  if (b_->wire.kind == comm::kJoinKind) return;  // the join loop decides
   std::vector<int> invalid;
   for (size_t i = 0; i < b_->all.size(); ++i)
     if (b_->all[i].pad) invalid.push_back(static_cast<int>(i));
@@ -71,6 +72,17 @@ void AgreementCheck::settle_mismatch(const comm::OpLabel& desc) {
                 " rejected the arguments of this operation (see the error on ",
                 invalid.size() > 1 ? "those ranks" : "that rank",
                 "); ", outcome_);
+  }
+  if (serve_joined_) {
+    // The same verdict the joined ranks reach from the same descriptors.
+    const comm::JoinVerdict join = comm::join_verdict(b_->all);
+    if (join.any_joined && join.runners_agree) {
+      if (join.servable) return;  // the joined ranks take part
+      TUTTI_THROW(kMismatch, desc, ": rank", join.joined.find(',') ==
+                  std::string::npos ? " " : "s ", join.joined,
+                  " called join() (out of data) and cannot take part: ",
+                  join.refusal, "; ", outcome_);
+    }
   }
   for (auto& d : b_->all) d.pad = 0;
   TUTTI_THROW(kMismatch, desc, ": ranks disagree on the operation: ",

@@ -28,9 +28,16 @@ class AgreementCheck {
   // when phase 2 may run on another thread than the one posting phase 1).
   // `outcome` ends a mismatch message ("no rank ran it": the caller runs
   // the op only after the check; a string literal).
+  // `serve_joined`: ranks inside join() (comm::kJoinKind descriptors) may
+  // take part in this op (comm::join_verdict): a servable op counts as
+  // agreed, any other one is kMismatch naming the joined ranks.  Only where
+  // the op runs after the check (the MPI backend); without it a join
+  // descriptor is an ordinary mismatch.  A check posted with join_wire()
+  // never throws kMismatch: the join loop reads gathered() instead.
   AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
                  const comm::WireDesc& wire, bool locally_invalid,
-                 const char* outcome = "no rank ran it");
+                 const char* outcome = "no rank ran it",
+                 bool serve_joined = false);
   // A check still pending is abandoned: its buffers are leaked on purpose
   // (MPI may still write them; a collective request cannot be freed).
   ~AgreementCheck();
@@ -45,6 +52,11 @@ class AgreementCheck {
   bool wait(const Deadline& deadline, const comm::OpLabel& desc,
             StallWatch* stall = nullptr);
   bool settled() const { return phase_ == kSettled; }
+  // Every rank's descriptor (index = rank) once settled after phase 2;
+  // null when phase 1 agreed.
+  const std::vector<comm::WireDesc>* gathered() const {
+    return phase_ == kSettled && !b_->all.empty() ? &b_->all : nullptr;
+  }
 
  private:
   enum Phase { kReduce, kGather, kSettled };
@@ -61,6 +73,7 @@ class AgreementCheck {
   MPI_Comm detail_comm_;
   bool locally_invalid_;
   const char* outcome_;
+  bool serve_joined_;
   uint64_t f_;
   Phase phase_ = kReduce;
   Buffers* b_;  // owned unless abandoned

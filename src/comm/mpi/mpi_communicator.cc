@@ -1,5 +1,6 @@
 #include "comm/mpi/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "comm/cpu_work.h"
 #include "comm/mpi/agreement.h"
+#include "comm/mpi/running_op.h"
 #include "comm/registry.h"
 #include "comm/staged_work.h"
 #include "core/cpu_reduce.h"
@@ -237,49 +239,6 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   return work;
 }
 
-// One numbered op while it runs on the engine (a collective or a split):
-// peers' status queries see it entered, and finished once the scope ends
-// (whether it succeeded or threw), so a timed-out rank names exactly the
-// ranks that never arrived; the stall inspector watches it (stall_) until
-// then.  Engine thread only, one at a time.
-class MpiCommunicator::RunningOp {
- public:
-  RunningOp(MpiCommunicator& c, uint64_t seq, uint8_t kind,
-            const comm::OpLabel& desc, size_t bytes, double stall_warn_s,
-            double timeout_s)
-      : c_(c), desc_(desc), seq_(seq), bytes_(bytes),
-        stall_warn_s_(stall_warn_s), timeout_s_(timeout_s) {
-    c_.progress_->kind = kind;
-    c_.progress_->entered = seq;
-    // Quiet unless the op waits TUTTI_STALL_WARN_S.  The callback captures
-    // one pointer (no allocation per op).
-    if (c_.size_ > 1 && stall_warn_s > 0) {
-      stall_.emplace(stall_warn_s, [this](double waited) {
-        c_.warn_stall(desc_, bytes_, seq_, waited, stall_warn_s_, timeout_s_,
-                      phase_);
-      });
-      c_.stall_ = &*stall_;
-    }
-  }
-  ~RunningOp() {
-    c_.stall_ = nullptr;
-    c_.progress_->completed = seq_;
-  }
-  RunningOp(const RunningOp&) = delete;
-  RunningOp& operator=(const RunningOp&) = delete;
-  // What the op waits for now, for the stall warning.
-  void set_phase(const char* phase) { phase_ = phase; }
-
- private:
-  MpiCommunicator& c_;
-  const comm::OpLabel& desc_;
-  uint64_t seq_;
-  size_t bytes_;
-  double stall_warn_s_;
-  double timeout_s_;
-  const char* phase_ = "agreeing on the operation";
-  std::optional<StallWatch> stall_;
-};
 
 void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
   const OpRequest& r = q->request;
@@ -333,7 +292,8 @@ void MpiCommunicator::check_agreement(MPI_Comm check_comm,
                                       const Deadline& deadline,
                                       const std::function<void()>& on_timeout,
                                       StallWatch* stall) {
-  AgreementCheck check(check_comm, check_comm, wire, locally_invalid);
+  AgreementCheck check(check_comm, check_comm, wire, locally_invalid,
+                       "no rank ran it", /*serve_joined=*/true);
   if (!check.wait(deadline, desc, stall)) on_timeout();
 }
 
@@ -537,6 +497,18 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::split_mpi(
               child = std::make_shared<MpiCommunicator>(
                   out, name.empty() ? name_ + "/" + std::to_string(color) : name,
                   mix_id(comm_id_, index, static_cast<uint64_t>(color)));
+              if (child->size() == size_) {
+                // Same membership: a joined rank serves it too (join.h).
+                // Dropped ones go here, so that the list stays short.
+                std::lock_guard<std::mutex> lock(followers_mu_);
+                followers_.erase(
+                    std::remove_if(followers_.begin(), followers_.end(),
+                                   [](const std::weak_ptr<MpiCommunicator>& f) {
+                                     return f.expired();
+                                   }),
+                    followers_.end());
+                followers_.push_back(child);
+              }
             });
   return child;
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/join.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/comm_settings.h"
 #include "comm/cpu_work.h"
@@ -86,6 +87,16 @@ class MpiCommunicator : public Communicator,
                   double waited_s, double period_s, double timeout_s,
                   const char* phase);
 
+  // join() (join.h): the live same-membership splits of this communicator
+  // (followers), which a joined rank serves together with it.
+  std::vector<std::shared_ptr<MpiCommunicator>> followers();
+  // Queues this communicator's serve loop (join.h) on its progress engine,
+  // after everything submitted so far; it reports to `session` as loop
+  // `slot`.
+  void start_join_loop(const std::shared_ptr<JoinSession>& session, size_t slot);
+  // TUTTI_CHECK_COLLECTIVES as this communicator reads it.
+  bool checks_on() { return settings_.get().check_ops; }
+
   [[noreturn]] void fail_timeout(const comm::OpLabel& desc, uint64_t seq,
                                  double seconds, const char* phase);
 
@@ -108,6 +119,12 @@ class MpiCommunicator : public Communicator,
   void run_split(uint8_t kind, const std::string& detail,
                  const std::function<void(const comm::OpLabel& desc, uint64_t seq,
                                           const Deadline& deadline)>& body);
+  // The serve loop of a joined rank (engine thread, join.cc); returns once
+  // every rank joined, or when join() gives this follower up.
+  void serve_joined(JoinSession& session, size_t slot);
+  // Runs the op of descriptor `op` with the reduction's identity in
+  // `scratch` (a broadcast lands there and is dropped).
+  void serve_op(const comm::WireDesc& op, std::vector<char>& scratch);
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
   void wait_or_fail(MPI_Request* req, const Deadline& deadline,
@@ -134,6 +151,9 @@ class MpiCommunicator : public Communicator,
   // The running op's stall watch (engine thread only; null between ops and
   // when TUTTI_STALL_WARN_S is 0).  Set by RunningOp.
   StallWatch* stall_ = nullptr;
+  // Same-membership splits (weak: they die with their groups).
+  std::mutex followers_mu_;
+  std::vector<std::weak_ptr<MpiCommunicator>> followers_;
 };
 
 }  // namespace mpi

@@ -206,6 +206,7 @@ namespace {
 const char* kind_name(uint8_t kind) {
   if (kind == comm::kSplitKind) return "split";
   if (kind == comm::kSplitSharedKind) return "node split";
+  if (kind == comm::kJoinKind) return "join";
   return collective_kind_name(static_cast<CollectiveKind>(kind));
 }
 
