@@ -28,7 +28,8 @@
 //    order on every rank, so collectives always match).
 //  * Bucket order: after the first reducing step the buckets are re-planned
 //    in the observed ready order (learn_bucket_order); buckets() and, with
-//    gradient_as_bucket_view, gradient(i) change then, once.
+//    gradient_as_bucket_view, gradient(i) change then, once
+//    (set_plan_listener() tells whoever follows the plan).
 //  * Unused parameters: a gradient not marked ready in a reducing pass
 //    contributes its current content if it was marked ready in an earlier
 //    pass of the same step (accumulation), else ZERO.  synchronize() fills
@@ -332,6 +333,19 @@ class TUTTI_API Reducer : public Stateful {
 
   // The bucket plan (after build()): bucket i is all-reduced i-th.
   const std::vector<BucketLayout>& buckets() const;
+  // True once buckets() will not change any more: learn_bucket_order is
+  // off, or the first reducing synchronize() has learned the order.
+  bool bucket_order_fixed() const;
+  // `fn(replanned)` runs on every rank at the end of the reducing
+  // synchronize() that fixes the bucket order (the first one, with
+  // learn_bucket_order), after the gradients were written back and outside
+  // the reducer's lock (fn may call the reducer and issue collectives on its
+  // group: every rank is there); `replanned` says whether buckets() changed
+  // (stats().bucket_rebuilds went up).  An exception from fn propagates out
+  // of synchronize(), whose reduction has completed.  Not called when the
+  // order is already fixed.  One listener (the sharded optimizer, which
+  // moves its shards to the new plan); null removes it.
+  void set_plan_listener(std::function<void(bool replanned)> fn);
   int num_parameters() const;
   // True when the next synchronize() will communicate.
   bool next_pass_reduces() const;

@@ -1,9 +1,7 @@
 // ZeRO-1/2: an optimizer whose float32 master weights and state are split
 // across the data-parallel ranks.
 //
-//   tutti::ReducerOptions ro;
-//   ro.learn_bucket_order = false;                 // shards follow the buckets
-//   tutti::Reducer reducer(dp, ro);
+//   tutti::Reducer reducer(dp);
 //   for (auto& p : model.parameters()) reducer.add_parameter(p.name, p.value, p.grad);
 //   reducer.build();
 //   reducer.broadcast_parameters(0);               // same start everywhere
@@ -39,11 +37,15 @@
 //
 // Contracts:
 //  * Construct after reducer.build() and the parameter broadcast (the master
-//    weights start as float(parameters)); the reducer must not learn its
-//    bucket order (ReducerOptions::learn_bucket_order = false), since the
-//    shards follow the bucket layout.  Construction is collective: every
-//    rank must pass the same stage and hyper-parameters (kMismatch on every
-//    rank naming the first differing field and rank).
+//    weights start as float(parameters)).  A reducer that learns its bucket
+//    order (ReducerOptions::learn_bucket_order) re-plans the buckets inside
+//    its first reducing synchronize(); the shards, the state (initial or
+//    loaded) and stage 2's gradient shard move to the new plan there (one
+//    all-gather per old bucket, Reducer::set_plan_listener), so shards() and
+//    gradient_shards() follow it once that synchronize() has returned; stage
+//    2 pools the reducer's bucket buffers from then on.  Construction is
+//    collective: every rank must pass the same stage and hyper-parameters
+//    (kMismatch on every rank naming the first differing field and rank).
 //  * A parameter's dtype equals its gradient's: float32, float16 or
 //    bfloat16.  All buckets on the host, or on CUDA (then step() is ordered
 //    on `stream` like Reducer::synchronize; nothing waits on the host).
@@ -177,11 +179,13 @@ class TUTTI_API ShardedOptimizer : public Stateful {
   // max_b W * S_b pooled.
   int64_t gather_bytes() const;
 
-  // Stateful: "<name>/b<i>/master" and "<name>/b<i>/state<k>" (float32,
-  // ShardInfo::flat over the bucket's N_b elements, group "dp"), and
-  // "<name>/step" (int64 [1], replicated).  A checkpoint written by W ranks
-  // loads at any other size (the loader re-splits flat shards), provided
-  // the bucket layout is the same (same parameters and bucket caps).
+  // Stateful: "<name>/<param>/master" and "<name>/<param>/<state>" (state
+  // names as in consolidate()): float32, ShardInfo::flat over the
+  // parameter's elements, holding the piece this rank's shards cover (empty
+  // where none; group "dp"), and "<name>/step" (int64 [1], replicated).
+  // Per parameter, so a checkpoint loads at any other world size and under
+  // any other bucket plan (saved after the learned re-plan, loaded before
+  // it; other bucket caps).
   StateDict state_dict() override;
   // Collective: writes the loaded master weights into the parameters (the
   // all-gather of step()), so the model matches its master copy.

@@ -495,6 +495,21 @@ int ReducerImpl::num_parameters() const {
   return static_cast<int>(params_.size());
 }
 
+bool ReducerImpl::order_fixed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return order_learned_ || !opt_.learn_bucket_order;
+}
+
+void ReducerImpl::set_plan_listener(std::function<void(bool)> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_listener_ = std::move(fn);
+}
+
+std::function<void(bool)> ReducerImpl::plan_listener() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plan_listener_;
+}
+
 bool ReducerImpl::next_pass_reduces() const {
   std::lock_guard<std::mutex> lock(mu_);
   return no_sync_depth_ == 0 && pass_in_step_ + 1 >= opt_.backward_passes_per_step;
@@ -524,7 +539,23 @@ Tensor Reducer::gradient(int index) const { return impl_->gradient(index); }
 std::shared_ptr<const void> Reducer::gradient_storage(int index) const {
   return impl_->gradient_storage(index);
 }
-bool Reducer::synchronize(void* stream) { return impl_->synchronize(stream); }
+// The plan listener runs here, outside the reducer's lock, once the
+// synchronize() that fixed the bucket order has returned on this rank (every
+// rank reaches it: the order is learned inside a collective call).
+bool Reducer::synchronize(void* stream) {
+  const bool fixing = !impl_->order_fixed();
+  const int64_t rebuilds = fixing ? impl_->stats().bucket_rebuilds : 0;
+  if (!impl_->synchronize(stream)) return false;
+  if (fixing && impl_->order_fixed()) {
+    const auto listener = impl_->plan_listener();
+    if (listener) listener(impl_->stats().bucket_rebuilds != rebuilds);
+  }
+  return true;
+}
+bool Reducer::bucket_order_fixed() const { return impl_->order_fixed(); }
+void Reducer::set_plan_listener(std::function<void(bool replanned)> fn) {
+  impl_->set_plan_listener(std::move(fn));
+}
 void Reducer::set_gradient_scale(float scale) {
   TUTTI_ARG_CHECK(std::isfinite(scale) && scale > 0.0f, impl_->opt_.name,
                   " reducer: gradient scale ", scale,

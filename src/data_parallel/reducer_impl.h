@@ -134,6 +134,12 @@ class ReducerImpl {
   void broadcast_parameters(int root, void* stream);
   void broadcast_state(const StateDict& state, int root, void* stream);
   bool next_pass_reduces() const;
+  // The bucket order will not change any more (learn_bucket_order off, or
+  // the first reducing step has ended); the listener Reducer::synchronize()
+  // calls when it becomes so.
+  bool order_fixed() const;
+  void set_plan_listener(std::function<void(bool)> fn);
+  std::function<void(bool)> plan_listener() const;
   int num_parameters() const;
   ReducerStats stats() const;
   // The reducing-step counter (Reducer::state_dict views it).
@@ -220,6 +226,7 @@ class ReducerImpl {
   int64_t step_ = 0;
   float grad_scale_ = 1.0f;  // Reducer::set_gradient_scale
   BucketCollective collective_;  // replaces the all-reduce (ZeRO-2)
+  std::function<void(bool)> plan_listener_;  // Reducer::set_plan_listener
   // Pooled bucket buffers (empty: every bucket owns its buffer).
   std::vector<std::unique_ptr<dp::PoolSlot>> pool_slots_;
   std::vector<int> free_slots_;

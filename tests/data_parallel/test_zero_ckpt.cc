@@ -25,14 +25,6 @@ using test::ZeroModel;
 constexpr double kResizeBound = 1e-5;
 constexpr int64_t kSaveAt = 2, kEnd = 4;
 
-CheckpointOptions opts(const std::string& dir) {
-  CheckpointOptions o;
-  o.dir = dir;
-  o.timeout_s = 20;
-  o.async = false;
-  return o;
-}
-
 ZeroConfig config(optim::Kind kind) {
   ZeroConfig c;
   c.hyper = test::test_hyper(kind);
@@ -51,7 +43,7 @@ std::vector<double> train(const ProcessGroupPtr& group, const ZeroConfig& c, int
                           int64_t to, const std::string& load_dir, const std::string& save_dir) {
   ZeroModel m(group, c);
   if (!load_dir.empty()) {
-    CheckpointManager ckpt(group, opts(load_dir));
+    CheckpointManager ckpt(group, test::zero_ckpt_options(load_dir));
     auto r = ckpt.load({{"optimizer", m.zero.get()}});
     EXPECT_TRUE(r.has_value());
     if (r) EXPECT_EQ(r->step, from - 1);
@@ -61,7 +53,7 @@ std::vector<double> train(const ProcessGroupPtr& group, const ZeroConfig& c, int
     EXPECT_TRUE(m.backward(t));
     m.step();
     if (t == kSaveAt && !save_dir.empty()) {
-      CheckpointManager ckpt(group, opts(save_dir));
+      CheckpointManager ckpt(group, test::zero_ckpt_options(save_dir));
       ckpt.save(t, {{"optimizer", m.zero.get()}});
       ckpt.wait();
     }
@@ -143,7 +135,7 @@ TEST(ZeroCheckpoint, ConsolidateMatchesUnsharded) {
     }
   }
   {
-    CheckpointManager ckpt(world(), opts(tmp.sub("export")));
+    CheckpointManager ckpt(world(), test::zero_ckpt_options(tmp.sub("export")));
     ckpt.save(2, full);
     ckpt.wait();
   }
@@ -157,7 +149,7 @@ TEST(ZeroCheckpoint, ConsolidateMatchesUnsharded) {
       back.emplace_back(static_cast<size_t>(t.tensor.numel()), -1.f);
       read.push_back({t.name, Tensor(back.back().data(), DType::kFloat32, t.tensor.shape()), {}});
     }
-    CheckpointManager ckpt(one, opts(tmp.sub("export")));
+    CheckpointManager ckpt(one, test::zero_ckpt_options(tmp.sub("export")));
     LoadOptions lo;
     lo.resume = false;
     lo.optional = {"zero/"};

@@ -40,17 +40,6 @@ TEST(ZeroErrors, BeforeReducerBuild) {
   expect_contains(msg, "call build() first");
 }
 
-TEST(ZeroErrors, LearnedBucketOrderRefused) {
-  ReducerOptions o = plain();
-  o.learn_bucket_order = true;
-  ZeroSetup s(o);
-  Reducer& reducer = s.reducer;
-  const std::string msg = expect_error(
-      [&] { ShardedOptimizer z(reducer, test::test_hyper(optim::Kind::kAdam)); },
-      ErrorCode::kInvalidArgument);
-  expect_contains(msg, "learn_bucket_order=false");
-}
-
 // The pools: negative sizes are refused (every rank, agreed first); the
 // reducer's pool needs a bucket collective and a copying reducer.
 TEST(ZeroErrors, PoolSizesRefused) {

@@ -21,6 +21,14 @@ optim::Hyper test_hyper(optim::Kind kind) {
   return h;
 }
 
+CheckpointOptions zero_ckpt_options(const std::string& dir) {
+  CheckpointOptions o;
+  o.dir = dir;
+  o.timeout_s = 20;
+  o.async = false;
+  return o;
+}
+
 std::vector<ParamDecl> zero_decls(DType d) {
   return {{"w1", d, Shape{7, 3}}, {"b1", d, Shape{5}}, {"w2", d, Shape{4, 6}},
           {"b2", d, Shape{1}},    {"w3", d, Shape{13}}};
@@ -32,7 +40,7 @@ ReducerOptions reducer_options(const ZeroConfig& c) {
   ReducerOptions o;
   o.bucket_cap_mb = 120.0 / (1 << 20);  // ~30 float32 elements: 3 buckets
   o.first_bucket_cap_mb = 0;
-  o.learn_bucket_order = false;
+  o.learn_bucket_order = c.learn_order;
   o.gradient_as_bucket_view = c.bucket_view;
   o.backward_passes_per_step = c.passes;
   return o;
@@ -92,7 +100,10 @@ std::vector<double> ZeroModel::local_gradient(int p, int64_t t, float loss_scale
 }
 
 bool ZeroModel::backward(int64_t t, float loss_scale) {
-  for (int p = static_cast<int>(params.size()) - 1; p >= 0; --p) {
+  std::vector<int> order = config.ready_order;
+  if (order.empty())
+    for (int p = static_cast<int>(params.size()) - 1; p >= 0; --p) order.push_back(p);
+  for (int p : order) {
     const Tensor g = reducer->gradient(p);
     const std::vector<double> v = local_gradient(p, t, loss_scale);
     convert(v.data(), DType::kFloat64, g.data(), g.dtype(), v.size());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "data_parallel/dp_test_util.h"
+#include "tutti/checkpoint.h"
 #include "tutti/optim.h"
 #include "tutti/zero.h"
 
@@ -32,6 +33,10 @@ struct ZeroConfig {
   int bucket_buffers = 2;         // ShardedOptimizerOptions::bucket_buffers
   int gather_buffers = 2;         // ShardedOptimizerOptions::gather_buffers
   int passes = 1;                 // ReducerOptions::backward_passes_per_step
+  bool learn_order = false;       // ReducerOptions::learn_bucket_order
+  // The order backward() marks gradients ready in (empty: reverse
+  // registration order, the order the buckets are planned in).
+  std::vector<int> ready_order;
   // Gradient sample k of step t is multiplied by this when t == overflow_step
   // on rank overflow_rank (inf: an overflow on one rank).
   int64_t overflow_step = -1;
@@ -79,6 +84,9 @@ class ZeroModel {
   std::vector<std::vector<std::vector<float>>> states;
   int64_t ref_steps = 0;
 };
+
+// Synchronous checkpoints in `dir` with a short timeout.
+CheckpointOptions zero_ckpt_options(const std::string& dir);
 
 // The parameter list the tests use (dtype d).
 std::vector<ParamDecl> zero_decls(DType d);

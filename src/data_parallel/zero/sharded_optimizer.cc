@@ -68,6 +68,27 @@ ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper&
   const std::string local_error = validate();
   check_agreement(local_error);
   if (!local_error.empty()) TUTTI_THROW(kInvalidArgument, local_error);
+  build_layout();
+  reduced_steps_ = reducer_.stats().steps;
+  install_collective();
+  // A reducer that will still learn its bucket order re-plans inside its
+  // first reducing synchronize(): the shards follow it there (remap()).
+  if (!reducer_.bucket_order_fixed()) {
+    reducer_.set_plan_listener([this](bool replanned) { on_plan_fixed(replanned); });
+    listening_ = true;
+  }
+}
+
+// Shards, state and step lists for the reducer's current bucket plan (the
+// master weights start as the parameters).
+void ShardedOptimizerImpl::build_layout() {
+  buckets_.clear();
+  shards_.clear();
+  param_bucket_.clear();
+  grads_.clear();
+  gather_pool_.clear();
+  gather_free_.clear();
+  gather_slot_bytes_ = 0;
   // The all-gather buffers: a pool when that is less memory than one per
   // bucket (else setup_bucket gives each bucket its own).
   int64_t all = 0;
@@ -90,14 +111,31 @@ ShardedOptimizerImpl::ShardedOptimizerImpl(Reducer& reducer, const optim::Hyper&
     }
   }
   build_step_lists();
-  reduced_steps_ = reducer_.stats().steps;
-  if (opt_.stage == 2)
-    reducer_.set_bucket_collective(
-        [this](int b, const Tensor& flat, const OpOptions& o) { return reduce_scatter(b, flat, o); },
-        reducer_.options().gradient_as_bucket_view ? 0 : opt_.bucket_buffers);
+}
+
+// Stage 2: the reduce-scatter into the reducer.  The reducer pools its
+// bucket buffers only once its bucket order is fixed (a pool cannot follow
+// a re-plan), so until then every bucket keeps its own buffer.
+void ShardedOptimizerImpl::install_collective() {
+  if (opt_.stage != 2) return;
+  const bool pool = !reducer_.options().gradient_as_bucket_view && reducer_.bucket_order_fixed();
+  reducer_.set_bucket_collective(
+      [this](int b, const Tensor& flat, const OpOptions& o) { return reduce_scatter(b, flat, o); },
+      pool ? opt_.bucket_buffers : 0);
+}
+
+// Inside the reducer's first reducing synchronize() (every rank): the
+// learned order is final.  Move the state onto the new buckets when they
+// changed, then let stage 2 pool the reducer's buffers.
+void ShardedOptimizerImpl::on_plan_fixed(bool replanned) {
+  reducer_.set_plan_listener(nullptr);
+  listening_ = false;
+  if (replanned) remap();
+  install_collective();
 }
 
 ShardedOptimizerImpl::~ShardedOptimizerImpl() {
+  if (listening_) reducer_.set_plan_listener(nullptr);
   // An all-gather still in flight (overlap_all_gather) writes into a buffer
   // freed below.
   for (Bucket& z : buckets_) {
@@ -129,11 +167,6 @@ std::string ShardedOptimizerImpl::validate() const {
     return who + ": constructed before reducer.build() (reducer '" +
            reducer_.options().name + "' has " + std::to_string(reducer_.num_parameters()) +
            " parameters but no buckets yet); call build() first";
-  if (reducer_.options().learn_bucket_order)
-    return who + ": reducer '" + reducer_.options().name +
-           "' has learn_bucket_order=true, which re-plans the buckets after the first "
-           "step; the shards follow the bucket layout: set "
-           "ReducerOptions::learn_bucket_order=false";
   if (opt_.stage == 2 &&
       (reducer_.options().compressor || reducer_.options().hierarchical ||
        reducer_.options().gradient_predivide_factor != 1.0 ||

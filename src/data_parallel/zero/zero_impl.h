@@ -1,6 +1,7 @@
 // The sharded optimizer's state (tutti/zero.h).  sharded_optimizer.cc holds
-// setup and the step; zero_state.cc the checkpoint state, the reload and
-// consolidate().
+// setup and the step; zero_gather.cc the update and all-gather;
+// zero_state.cc the checkpoint state and consolidate(); zero_remap.cc the
+// move onto the reducer's learned bucket plan.
 //
 // Per bucket b (N elements, W ranks, S = ceil(N / W), this rank r):
 //  * master, states[k]: float32, the n = |[r*S, min((r+1)*S, N))| elements
@@ -112,7 +113,14 @@ class ShardedOptimizerImpl {
  private:
   std::string validate() const;
   void check_agreement(const std::string& local_error);
+  void build_layout();
   void setup_bucket(int index, bool pool_gathers);
+  void install_collective();
+  void on_plan_fixed(bool replanned);
+  // The reducer re-planned its buckets: every parameter's master weights,
+  // states and (stage 2) gradient shard move from (old bucket, offset) to
+  // (new bucket, offset); collective (zero_remap.cc).
+  void remap();
   WorkPtr reduce_scatter(int bucket, const Tensor& flat, const OpOptions& o);
   void build_step_lists();
   bool gather_pooled() const { return !gather_pool_.empty(); }
@@ -122,6 +130,7 @@ class ShardedOptimizerImpl {
   int world_ = 1;
   int rank_ = 0;
   int64_t reduced_steps_ = 0;  // reducer.stats().steps at the last step()
+  bool listening_ = false;     // the reducer's plan listener is ours
   void* gather_stream_ = nullptr;  // the stream the all-gathers were launched on
   std::vector<int> param_bucket_;  // reducer parameter index -> bucket
   HostBufferPool pool_;

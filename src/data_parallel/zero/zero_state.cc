@@ -10,31 +10,42 @@ namespace tutti {
 
 using zero::Bucket;
 
-namespace {
-
-ShardInfo flat_shard(const Bucket& z) {
-  ShardInfo s;
-  s.global_shape = {z.layout.numel};
-  s.flat = true;
-  s.offset = z.shard.begin;
-  s.group = "dp";
-  return s;
-}
-
-}  // namespace
-
-// Flat shards over each bucket's element range: the loader re-splits them
-// for another world size (same bucket layout), so every rank gets exactly
-// the elements [r*S', min((r+1)*S', N)) of the new split.
+// Per parameter, not per bucket: entry "<name>/<param>/master" (and
+// "/<state>") is the flattened parameter's float32 array, of which this rank
+// holds the piece its shards cover (ShardInfo::flat at the piece's offset;
+// an empty tensor where it owns none).  So a checkpoint does not depend on
+// the bucket plan it was cut from (the learned order re-plans the buckets
+// after the first step, and a fresh job loads before its reducer has
+// re-planned) nor on the world size: the loader hands every rank exactly
+// the elements of its own pieces.
 StateDict ShardedOptimizerImpl::state_dict() {
   StateDict out;
   const std::vector<std::string> names = zero::state_names(hyper_.kind);
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    Bucket& z = buckets_[i];
-    const std::string prefix = opt_.name + "/b" + std::to_string(i) + "/";
-    out.push_back({prefix + "master", z.master.view(z.owned), flat_shard(z)});
-    for (size_t k = 0; k < z.states.size(); ++k)
-      out.push_back({prefix + names[k], z.states[k].view(z.owned), flat_shard(z)});
+  static float none = 0.f;  // the data of the empty entries (never read)
+  for (int pi = 0; pi < reducer_.num_parameters(); ++pi) {
+    const int64_t numel = reducer_.parameter(pi).numel();
+    const Bucket& z = buckets_[static_cast<size_t>(param_bucket_[static_cast<size_t>(pi)])];
+    const zero::Piece* piece = nullptr;
+    for (const zero::Piece& p : z.pieces)
+      if (p.param == pi) piece = &p;
+    ShardInfo info;
+    info.global_shape = {numel};
+    info.flat = true;
+    info.group = "dp";
+    std::string name;
+    for (size_t s = 0; s < z.slot_params.size(); ++s)
+      if (z.slot_params[s] == pi) name = z.layout.slots[s].name;
+    auto entry = [&](const std::string& what, const dp::FusionBuffer& buf) {
+      Tensor t(&none, DType::kFloat32, Shape{0});
+      if (piece) {
+        const int64_t lo = z.shard.begin;
+        t = buf.view(z.owned).slice(piece->begin - lo, piece->end - lo);
+        info.offset = piece->param_offset;
+      }
+      out.push_back({opt_.name + "/" + name + "/" + what, t, info});
+    };
+    entry("master", z.master);
+    for (size_t k = 0; k < z.states.size(); ++k) entry(names[k], z.states[k]);
   }
   out.push_back({opt_.name + "/step", Tensor(&steps_, DType::kInt64, Shape{1}), {}});
   return out;
