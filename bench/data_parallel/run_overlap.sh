@@ -24,7 +24,7 @@ BIN=build/bench/data_parallel/bench_dp
 # The model: its gradient traffic on the rate-limited link takes about as
 # long as its backward pass (64 inputs, so the last gradient to be ready is
 # small); 4 MiB buckets so that communication can start mid-backward.
-RIG_MODEL=(--widths "${RIG_WIDTHS:-64,1024,1024,1024,1024,1024,16}" --batch "${RIG_BATCH:-128}" --cap-mb 4)
+RIG_MODEL=(--widths "${RIG_WIDTHS:-64,1024,1024,1024,1024,1024,16}" --batch "${RIG_BATCH:-128}" --cap-mb "${RIG_CAP_MB:-4}")
 LOCAL_MODEL=(--widths "${LOCAL_WIDTHS:-512,1024,1024,1024,1024,512,16}" --batch "${LOCAL_BATCH:-32}" --cap-mb 4)
 [[ -x $BIN ]] || { echo "build $BIN first (cmake --build build --target bench_dp)" >&2; exit 1; }
 compare() { python3 bench/data_parallel/compare.py --python "$PYTHON" --rounds "$ROUNDS" \
