@@ -121,6 +121,15 @@ class ShardedOptimizerImpl {
   // states and (stage 2) gradient shard move from (old bucket, offset) to
   // (new bucket, offset); collective (zero_remap.cc).
   void remap();
+  // Bucket z's flat array of which this rank holds `mine` (its z.owned
+  // elements) gathered whole into `whole` (allocated on first use, numel
+  // elements of mine's dtype): allgatherv of the uneven shards; collective
+  // (consolidate, remap).
+  void gather_whole(const zero::Bucket& z, const dp::FusionBuffer& mine, dp::FusionBuffer& whole,
+                    const OpOptions& o);
+  // CUDA buckets: waits for the default stream (where gather_whole's copies
+  // ran) before the host reads or frees what they wrote.  No-op on the host.
+  void sync_default_stream() const;
   WorkPtr reduce_scatter(int bucket, const Tensor& flat, const OpOptions& o);
   void build_step_lists();
   bool gather_pooled() const { return !gather_pool_.empty(); }

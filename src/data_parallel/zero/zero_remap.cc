@@ -45,26 +45,14 @@ void ShardedOptimizerImpl::remap() {
     cuda::OptionalDeviceGuard device(l.device);
     for (size_t s = 0; s < l.slots.size(); ++s)
       where[static_cast<size_t>(z.slot_params[s])] = {static_cast<int>(i), l.slots[s].offset};
-    const int64_t sn = z.shard.shard_numel;
-    std::vector<int64_t> counts(static_cast<size_t>(world_));
-    for (int r = 0; r < world_; ++r)
-      counts[static_cast<size_t>(r)] =
-          std::min<int64_t>((r + 1) * sn, l.numel) - std::min<int64_t>(r * sn, l.numel);
     WholeBucket& w = whole[i];
     OpOptions o;
     o.name = opt_.name + " remap bucket " + std::to_string(i);
-    const auto& group = reducer_.group();
-    w.master.allocate(l.device, DType::kFloat32, l.numel, pool_);
-    group->allgatherv(z.master.view(z.owned), w.master.view(), counts, o);
+    gather_whole(z, z.master, w.master, o);
     w.states.resize(z.states.size());
-    for (size_t k = 0; k < z.states.size(); ++k) {
-      w.states[k].allocate(l.device, DType::kFloat32, l.numel, pool_);
-      group->allgatherv(z.states[k].view(z.owned), w.states[k].view(), counts, o);
-    }
-    if (opt_.stage == 2) {  // this step's averaged gradient, not consumed yet
-      w.grad.allocate(l.device, z.wire_dtype, l.numel, pool_);
-      group->allgatherv(z.grad.view(z.owned), w.grad.view(), counts, o);
-    }
+    for (size_t k = 0; k < z.states.size(); ++k) gather_whole(z, z.states[k], w.states[k], o);
+    // Stage 2: this step's averaged gradient, not consumed yet.
+    if (opt_.stage == 2) gather_whole(z, z.grad, w.grad, o);
   }
   build_layout();
   for (Bucket& z : buckets_) {
@@ -82,12 +70,7 @@ void ShardedOptimizerImpl::remap() {
       if (opt_.stage == 2) z.grad.copy_in(dst, w.grad.view().slice(src, src + n), nullptr);
     }
   }
-#if TUTTI_WITH_CUDA
-  if (!buckets_.empty() && buckets_.front().layout.device.is_cuda()) {
-    cuda::DeviceGuard g(buckets_.front().layout.device.index);
-    TUTTI_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // before `whole` is freed
-  }
-#endif
+  sync_default_stream();  // before `whole` is freed
   TUTTI_LOG(kInfo) << "ShardedOptimizer '" << opt_.name << "': moved the shards onto the "
                    << buckets_.size() << " buckets of the learned order (from " << old.size()
                    << ")";

@@ -51,8 +51,29 @@ StateDict ShardedOptimizerImpl::state_dict() {
   return out;
 }
 
-// Every bucket's master weights and states gathered whole (allgatherv of
-// the uneven shards), then viewed per parameter.
+void ShardedOptimizerImpl::gather_whole(const Bucket& z, const dp::FusionBuffer& mine,
+                                        dp::FusionBuffer& whole, const OpOptions& o) {
+  const BucketLayout& l = z.layout;
+  const int64_t s = z.shard.shard_numel;
+  std::vector<int64_t> counts(static_cast<size_t>(world_));
+  for (int r = 0; r < world_; ++r)
+    counts[static_cast<size_t>(r)] =
+        std::min<int64_t>((r + 1) * s, l.numel) - std::min<int64_t>(r * s, l.numel);
+  if (!whole.data()) whole.allocate(l.device, mine.view().dtype(), l.numel, pool_);
+  reducer_.group()->allgatherv(mine.view(z.owned), whole.view(), counts, o);
+}
+
+void ShardedOptimizerImpl::sync_default_stream() const {
+#if TUTTI_WITH_CUDA
+  if (!buckets_.empty() && buckets_.front().layout.device.is_cuda()) {
+    cuda::DeviceGuard g(buckets_.front().layout.device.index);
+    TUTTI_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+#endif
+}
+
+// Every bucket's master weights and states gathered whole, then viewed per
+// parameter.
 StateDict ShardedOptimizerImpl::consolidate() {
   wait_parameters();
   StateDict out;
@@ -61,21 +82,11 @@ StateDict ShardedOptimizerImpl::consolidate() {
     Bucket& z = buckets_[i];
     const BucketLayout& l = z.layout;
     cuda::OptionalDeviceGuard device(l.device);
-    const int64_t s = z.shard.shard_numel;
-    std::vector<int64_t> counts(static_cast<size_t>(world_));
-    for (int r = 0; r < world_; ++r)
-      counts[static_cast<size_t>(r)] =
-          std::min<int64_t>((r + 1) * s, l.numel) - std::min<int64_t>(r * s, l.numel);
     z.full_states.resize(z.states.size());
-    if (!z.full_master.data()) z.full_master.allocate(l.device, DType::kFloat32, l.numel, pool_);
-    for (auto& f : z.full_states)
-      if (!f.data()) f.allocate(l.device, DType::kFloat32, l.numel, pool_);
     OpOptions o;
     o.name = opt_.name + " consolidate bucket " + std::to_string(i);
-    reducer_.group()->allgatherv(z.master.view(z.owned), z.full_master.view(), counts, o);
-    for (size_t k = 0; k < z.states.size(); ++k)
-      reducer_.group()->allgatherv(z.states[k].view(z.owned), z.full_states[k].view(), counts,
-                                   o);
+    gather_whole(z, z.master, z.full_master, o);
+    for (size_t k = 0; k < z.states.size(); ++k) gather_whole(z, z.states[k], z.full_states[k], o);
     for (const BucketSlot& slot : l.slots) {
       out.push_back({slot.name, z.full_master.slice(slot.offset, slot.shape), {}});
       for (size_t k = 0; k < z.states.size(); ++k)
@@ -83,12 +94,7 @@ StateDict ShardedOptimizerImpl::consolidate() {
                        {}});
     }
   }
-#if TUTTI_WITH_CUDA
-  if (!buckets_.empty() && buckets_.front().layout.device.is_cuda()) {
-    cuda::DeviceGuard g(buckets_.front().layout.device.index);
-    TUTTI_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-  }
-#endif
+  sync_default_stream();
   out.push_back({opt_.name + "/step", Tensor(&steps_, DType::kInt64, Shape{1}), {}});
   return out;
 }
