@@ -419,7 +419,18 @@ def case_vanish(r):
         fail(f"vanish: the job did not start:\n{job.output()[-3000:]}")
         job.kill()
         return
-    time.sleep(1.0)
+    # The restart must resume from a 4-rank checkpoint: stop hostb only once
+    # one is committed (a fixed sleep was too short on a loaded CI machine,
+    # and the restart then rightly started FRESH).
+    latest = os.path.join(r.ckpt, "latest")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(latest) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not os.path.exists(latest):
+        fail(f"vanish: no checkpoint committed within 60 s:\n{job.output()[-3000:]}")
+        job.kill()
+        return
+    time.sleep(0.3)
     open(os.path.join(r.down, "hostb"), "w").close()
     victims = host_processes("hostb", r.triggers)
     for p in victims:
