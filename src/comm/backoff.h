@@ -6,13 +6,18 @@
 // s of CPU for a 3 s wait), so every such wait backs off the same way:
 //  1. kSpinPolls back-to-back polls: a small op whose peers are already
 //     there completes in a few microseconds;
-//  2. polls separated by sched_yield() for the first kYieldUs: one ring
-//     step of a large message, an oversubscribed peer's turn;
+//  2. polls separated by sched_yield() for the first kYieldUs: a short
+//     ring step, an oversubscribed peer's turn;
 //  3. polls separated by sleeps growing x2 from kFirstSleepUs up to the cap
 //     (TUTTI_MPI_WAIT_SLEEP_US): a late peer, a long transfer.  A
 //     completion is seen at most one sleep late, so the added latency is
 //     bounded by min(time already waited, the cap).
 // A cap <= 0 keeps phase 2 for the whole wait (the former busy wait).
+// Phases 1 and 2 are kept short (16 polls, 30 us): every wait pays them,
+// and each poll of Open MPI's TCP transport is a poll() system call.  With
+// 64 polls and 200 us, the launch chains' waits cost a data-parallel step
+// on the netns rig 34-37 ms of CPU per rank for 15 MB of gradients; with
+// 16 and 30 us, 24-29 ms, the link time unchanged (bench/RESULTS.md).
 // The policy is a pure function of the poll count and the clock, so tests
 // drive it with a fake clock (tests/comm/test_comm_units.cc).
 #pragma once
@@ -26,8 +31,8 @@ namespace comm {
 class Backoff {
  public:
   using Clock = std::chrono::steady_clock;
-  static constexpr int kSpinPolls = 64;
-  static constexpr int64_t kYieldUs = 200;
+  static constexpr int kSpinPolls = 16;
+  static constexpr int64_t kYieldUs = 30;
   static constexpr int64_t kFirstSleepUs = 20;
 
   enum class Kind { kSpin, kYield, kSleep };

@@ -169,38 +169,42 @@ std::vector<Backoff::Step> steps(int64_t cap_us, us tick, int n) {
 }
 
 TEST(Backoff, SpinsThenYieldsThenSleepsDoublingToTheCap) {
-  // 1 us per poll: 64 spins, 200 yields (until 200 us passed), then sleeps.
-  const auto s = steps(1000, us(1), 64 + 200 + 10);
-  for (int i = 0; i < 64; ++i) {
+  // 1 us per poll: kSpinPolls spins, kYieldUs yields (until that many us
+  // passed), then sleeps.
+  constexpr int kSpin = Backoff::kSpinPolls, kYield = static_cast<int>(Backoff::kYieldUs);
+  static_assert(kSpin == 16 && kYield == 30, "the documented policy");
+  const auto s = steps(1000, us(1), kSpin + kYield + 10);
+  for (int i = 0; i < kSpin; ++i) {
     EXPECT_EQ(s[i].kind, Backoff::Kind::kSpin) << i;
     EXPECT_FALSE(s[i].check_clock) << i;
   }
   int checks = 0;
-  for (int i = 64; i < 264; ++i) {
+  for (int i = kSpin; i < kSpin + kYield; ++i) {
     ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
     checks += s[i].check_clock;
   }
-  EXPECT_EQ(checks, 200 / 64);  // every 64th yield looks at the clock
+  EXPECT_EQ(checks, kYield / 64);  // every 64th yield looks at the clock
   const int64_t want[] = {20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000};
   for (int k = 0; k < 10; ++k) {
-    EXPECT_EQ(s[264 + k].kind, Backoff::Kind::kSleep) << k;
-    EXPECT_EQ(s[264 + k].sleep_us, want[k]) << k;
-    EXPECT_TRUE(s[264 + k].check_clock) << k;
+    EXPECT_EQ(s[kSpin + kYield + k].kind, Backoff::Kind::kSleep) << k;
+    EXPECT_EQ(s[kSpin + kYield + k].sleep_us, want[k]) << k;
+    EXPECT_TRUE(s[kSpin + kYield + k].check_clock) << k;
   }
 }
 
 TEST(Backoff, CapZeroYieldsForever) {
-  const auto s = steps(0, us(50), 64 + 1000);
-  for (size_t i = 64; i < s.size(); ++i)
+  const auto s = steps(0, us(50), Backoff::kSpinPolls + 1000);
+  for (size_t i = Backoff::kSpinPolls; i < s.size(); ++i)
     ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
 }
 
 TEST(Backoff, CapBelowTheFirstSleepIsTheSleep) {
-  const auto s = steps(5, us(100), 64 + 3 + 3);
-  // 100 us per poll: two yields see < 200 us, the rest sleep 5 us.
-  EXPECT_EQ(s[64].kind, Backoff::Kind::kYield);
-  EXPECT_EQ(s[65].kind, Backoff::Kind::kYield);
-  for (int i = 66; i < 70; ++i) {
+  constexpr int kSpin = Backoff::kSpinPolls;
+  const auto s = steps(5, us(20), kSpin + 2 + 4);
+  // 20 us per poll: two yields see < 30 us, the rest sleep 5 us.
+  EXPECT_EQ(s[kSpin].kind, Backoff::Kind::kYield);
+  EXPECT_EQ(s[kSpin + 1].kind, Backoff::Kind::kYield);
+  for (int i = kSpin + 2; i < kSpin + 6; ++i) {
     EXPECT_EQ(s[i].kind, Backoff::Kind::kSleep) << i;
     EXPECT_EQ(s[i].sleep_us, 5) << i;
   }
@@ -225,7 +229,7 @@ TEST(Backoff, LongWaitPollsRarely) {
     ++polls;
     b.next_and_pause();
   }
-  EXPECT_LT(polls, 64 + 2000 + 60) << "the wait did not back off to sleeps";
+  EXPECT_LT(polls, Backoff::kSpinPolls + 2000 + 60) << "the wait did not back off to sleeps";
 }
 
 }  // namespace
