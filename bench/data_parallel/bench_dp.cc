@@ -17,6 +17,11 @@
 //   overlap ratio = (compute + comm - step) / min(compute, comm)
 // (1: communication fully hidden behind compute; 0: none hidden).
 // Output: one JSON object on rank 0's stdout.
+// --only PHASE (step, compute, comm or sequential) runs that phase alone,
+// for profiling it (perf record -a while it runs); no ratio then.
+//
+// --bucket-view 1: ReducerOptions::gradient_as_bucket_view (DDP's
+// gradient_as_bucket_view=True on the DDP side, ddp_peer.py).
 //
 //   mpiexec -np 2 bench_dp --widths 512,1024,1024,1024,1024,512,16 --batch 32
 #include <sys/resource.h>
@@ -47,6 +52,8 @@ struct Args {
   double cap_mb = 25;
   double first_mb = 1;
   bool hierarchical = false;
+  int only = -1;  // --only: run this phase alone
+  bool bucket_view = false;  // --bucket-view 1: gradient_as_bucket_view
 };
 
 Args parse(int argc, char** argv) {
@@ -68,6 +75,16 @@ Args parse(int argc, char** argv) {
       a.cap_mb = std::atof(v.c_str());
     } else if (k == "--first-mb") {
       a.first_mb = std::atof(v.c_str());
+    } else if (k == "--only") {
+      const char* names[] = {"step", "compute", "comm", "sequential"};
+      for (int p = 0; p < 4; ++p)
+        if (v == names[p]) a.only = p;
+      if (a.only < 0) {
+        std::fprintf(stderr, "--only takes step, compute, comm or sequential\n");
+        std::exit(2);
+      }
+    } else if (k == "--bucket-view") {
+      a.bucket_view = v == "1";
     } else if (k == "--hierarchical") {
       a.hierarchical = v == "1";
     } else {
@@ -114,6 +131,7 @@ int main(int argc, char** argv) {
   o.bucket_cap_mb = a.cap_mb;
   o.first_bucket_cap_mb = a.first_mb;
   o.hierarchical = a.hierarchical;
+  o.gradient_as_bucket_view = a.bucket_view;
   o.launch_channels = tutti::ReducerOptions::from_env().launch_channels;  // TUTTI_DP_LAUNCH_CHANNELS
   tutti::Reducer reducer(world, o);
   int64_t grad_bytes = 0;
@@ -122,6 +140,15 @@ int main(int argc, char** argv) {
     grad_bytes += static_cast<int64_t>(model.grad(i).nbytes());
   }
   reducer.build();
+  // Bucket views: the backward pass writes each gradient straight into its
+  // bucket slice (no copy in, none out).  The slices move when the first
+  // reducing step re-plans the buckets, so they are re-read every iteration.
+  auto bind_views = [&] {
+    if (!a.bucket_view) return;
+    for (int i = 0; i < model.num_params(); ++i)
+      model.use_grad_storage(i, static_cast<float*>(reducer.gradient(i).data()));
+  };
+  bind_views();
   reducer.broadcast_parameters(0);
   const float scale = 1.0f / static_cast<float>(a.batch);
   auto ready = [&](int i) { reducer.grad_ready(i); };
@@ -170,7 +197,9 @@ int main(int argc, char** argv) {
       wait(static_cast<size_t>(a.steps));
   for (int it = 0; it < kPhases * (a.warmup + a.steps); ++it) {
     const int phase = it % kPhases;
+    if (a.only >= 0 && phase != a.only) continue;
     world->barrier();
+    bind_views();
     model.zero_grad();
     const tutti::ReducerStats before = reducer.stats();
     const double c0 = cpu_seconds();
@@ -200,18 +229,21 @@ int main(int argc, char** argv) {
   const double compute = med[kCompute], comm = med[kComm], step = med[kStep];
   const double hidden = compute + comm - step;
   if (rank == 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", hidden / std::min(compute, comm));
+    const std::string ratio = a.only >= 0 ? "null" : buf;
     std::string widths;
     for (size_t i = 0; i < a.widths.size(); ++i) widths += (i ? "," : "") + std::to_string(a.widths[i]);
     std::printf(
-        "{\"impl\": \"tutti\", \"ranks\": %d, \"widths\": \"%s\", \"batch_per_rank\": %d, "
+        "{\"impl\": \"tutti\", \"bucket_view\": %s, \"ranks\": %d, \"widths\": \"%s\", \"batch_per_rank\": %d, "
         "\"grad_mb\": %.3f, \"buckets\": %zu, \"cap_mb\": %g, \"first_mb\": %g, \"steps\": %d, "
         "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"sequential_ms\": %.3f, "
-        "\"step_ms\": %.3f, \"hidden_ms\": %.3f, \"overlap_ratio\": %.3f, \"sync_wait_ms\": %.3f, "
+        "\"step_ms\": %.3f, \"hidden_ms\": %.3f, \"overlap_ratio\": %s, \"sync_wait_ms\": %.3f, "
         "\"step_backward_ms\": %.3f, \"cpu_ms\": {\"step\": %.1f, \"compute\": %.1f, "
         "\"comm\": %.1f}, \"samples_per_s\": %.1f}\n",
-        n, widths.c_str(), a.batch, grad_bytes / 1048576.0, reducer.buckets().size(), a.cap_mb,
+        a.bucket_view ? "true" : "false", n, widths.c_str(), a.batch, grad_bytes / 1048576.0, reducer.buckets().size(), a.cap_mb,
         a.first_mb, a.steps, compute * 1e3, comm * 1e3, med[kSequential] * 1e3, step * 1e3,
-        hidden * 1e3, hidden / std::min(compute, comm), median(wait) * 1e3,
+        hidden * 1e3, ratio.c_str(), median(wait) * 1e3,
         median(bwd) * 1e3, med_cpu[kStep] * 1e3, med_cpu[kCompute] * 1e3, med_cpu[kComm] * 1e3,
         n * a.batch / step);
   }

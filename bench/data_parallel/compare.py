@@ -60,6 +60,9 @@ def main():
     p.add_argument("--widths", default="512,1024,1024,1024,1024,512,16")
     p.add_argument("--cap-mb", type=float, default=4)
     p.add_argument("--first-mb", type=float, default=1)
+    p.add_argument("--bucket-view", type=int, default=0,
+                   help="1: gradients as bucket views on both sides (tutti's "
+                        "gradient_as_bucket_view, DDP's gradient_as_bucket_view=True)")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--label", default="", help="names the configuration in RESULT lines")
     a = p.parse_args()
@@ -75,7 +78,8 @@ def main():
         mpi = [a.mpiexec, "--oversubscribe", "--bind-to", "none", "-np", str(a.np)] + threads
         master = "127.0.0.1"
     common = ["--widths", a.widths, "--batch", str(a.batch), "--steps", str(a.steps),
-              "--warmup", str(a.warmup), "--cap-mb", str(a.cap_mb)]
+              "--warmup", str(a.warmup), "--cap-mb", str(a.cap_mb),
+              "--bucket-view", str(a.bucket_view)]
     sides = a.sides.split(",")
     port = random.randint(20000, 40000)
 

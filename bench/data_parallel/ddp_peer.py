@@ -76,6 +76,7 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--cap-mb", type=float, default=25)
     p.add_argument("--first-mb", type=float, default=1)  # DDP's own: 1 MiB, fixed
+    p.add_argument("--bucket-view", type=int, default=0)  # gradient_as_bucket_view
     a = p.parse_args()
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
@@ -96,7 +97,7 @@ def main():
     x = torch.rand(a.batch, widths[0], generator=gen) * 2 - 1
     y = (torch.rand(a.batch, widths[-1], generator=gen) * 2 - 1) * 0.5
     scale = 1.0 / a.batch
-    ddp = DDP(model, bucket_cap_mb=a.cap_mb)
+    ddp = DDP(model, bucket_cap_mb=a.cap_mb, gradient_as_bucket_view=bool(a.bucket_view))
     grad_numel = sum(q.numel() for q in model.parameters())
 
     def backward():
@@ -145,7 +146,8 @@ def main():
     hidden = med["compute"] + med["comm"] - med["step"]
     if rank == 0:
         print(json.dumps({
-            "impl": "torch-ddp-gloo", "torch": torch.__version__, "ranks": size,
+            "impl": "torch-ddp-gloo", "torch": torch.__version__,
+            "bucket_view": bool(a.bucket_view), "ranks": size,
             "widths": a.widths, "batch_per_rank": a.batch,
             "grad_mb": round(grad_numel * 4 / 1048576, 3), "buckets": len(flats),
             "bucket_bytes": [f.numel() * 4 for f in flats], "cap_mb": a.cap_mb,

@@ -46,6 +46,12 @@ Mlp<T>::Mlp(const std::vector<int>& widths, uint64_t seed) : widths_(widths) {
     params_.push_back(std::move(b));
   }
   acts_.resize(widths.size());
+  for (auto& g : grads_) gptr_.push_back(g.data());
+}
+
+template <typename T>
+void Mlp<T>::use_grad_storage(int i, T* p) {
+  gptr_[static_cast<size_t>(i)] = p ? p : grads_[static_cast<size_t>(i)].data();
 }
 
 template <typename T>
@@ -62,7 +68,8 @@ Tensor Mlp<T>::param(int i) {
 
 template <typename T>
 Tensor Mlp<T>::grad(int i) {
-  return shaped(grads_[static_cast<size_t>(i)], i);
+  Tensor t = shaped(grads_[static_cast<size_t>(i)], i);
+  return Tensor(gptr_[static_cast<size_t>(i)], t.dtype(), t.shape());
 }
 
 template <typename T>
@@ -92,12 +99,12 @@ double Mlp<T>::forward_backward(const T* x, const T* y, int batch, T scale,
   }
   for (size_t l = layers; l-- > 0;) {
     const int in = widths_[l], out = widths_[l + 1];
-    auto& gb = grads_[2 * l + 1];
+    T* gb = gptr_[2 * l + 1];
     for (int b = 0; b < batch; ++b)
       for (int j = 0; j < out; ++j) gb[static_cast<size_t>(j)] += delta_[static_cast<size_t>(b) * out + j];
     if (on_ready) on_ready(static_cast<int>(2 * l + 1));
     blas::gemm(matrix(delta_, batch, out), true, matrix(acts_[l], batch, in), false,
-               matrix(grads_[2 * l], out, in), 1.0f, 1.0f);
+               Tensor(gptr_[2 * l], DTypeOf<T>::value, Shape{out, in}), 1.0f, 1.0f);
     if (on_ready) on_ready(static_cast<int>(2 * l));
     if (l == 0) break;
     delta_prev_.resize(static_cast<size_t>(batch) * in);
@@ -112,13 +119,14 @@ double Mlp<T>::forward_backward(const T* x, const T* y, int batch, T scale,
 
 template <typename T>
 void Mlp<T>::zero_grad() {
-  for (auto& g : grads_) std::fill(g.begin(), g.end(), T(0));
+  for (size_t i = 0; i < grads_.size(); ++i)
+    std::fill(gptr_[i], gptr_[i] + grads_[i].size(), T(0));
 }
 
 template <typename T>
 void Mlp<T>::sgd_step(T lr) {
   for (size_t i = 0; i < params_.size(); ++i)
-    for (size_t j = 0; j < params_[i].size(); ++j) params_[i][j] -= lr * grads_[i][j];
+    for (size_t j = 0; j < params_[i].size(); ++j) params_[i][j] -= lr * gptr_[i][j];
 }
 
 template <typename T>

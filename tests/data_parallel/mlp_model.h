@@ -34,7 +34,13 @@ class Mlp {
   Tensor param(int i);
   Tensor grad(int i);
   std::vector<T>& param_data(int i) { return params_[static_cast<size_t>(i)]; }
+  // The model's own gradient storage (not the storage use_grad_storage()
+  // set).
   std::vector<T>& grad_data(int i) { return grads_[static_cast<size_t>(i)]; }
+  // Gradient i lives at `p` (grad(i).numel() elements, e.g. a reducer's
+  // bucket view, Reducer::gradient(i)) from now on; nullptr: back to the
+  // model's own storage.
+  void use_grad_storage(int i, T* p);
 
   // Forward on `batch` rows of x [batch, widths[0]] against y [batch,
   // widths.back()], then backward: grads += scale * d(loss)/d(params).
@@ -54,6 +60,7 @@ class Mlp {
   std::vector<int> widths_;
   std::vector<std::string> names_;
   std::vector<std::vector<T>> params_, grads_;
+  std::vector<T*> gptr_;  // where gradient i lives: grads_[i] or external
   std::vector<std::vector<T>> acts_;  // scratch: activations per layer
   std::vector<T> delta_, delta_prev_;
 };
