@@ -84,8 +84,10 @@ def main():
     port = random.randint(20000, 40000)
 
     def command(side, rnd):
-        if side == "tutti":
-            return mpi + [a.bench] + common + ["--first-mb", str(a.first_mb)]
+        if side == "tutti":  # tutti's settings in this environment reach its ranks
+            settings = [x for k in sorted(os.environ) if k.startswith("TUTTI_")
+                        for x in ("-x", k)]
+            return mpi + settings + [a.bench] + common + ["--first-mb", str(a.first_mb)]
         subnet = ["-x", "GLOO_SUBNET=" + master.rsplit(".", 1)[0] + "."] if a.netns else []
         return mpi + subnet + ["-x", "MASTER_ADDR=" + master, "-x", "MASTER_PORT=%d" % (port + rnd),
                       a.python, os.path.join(HERE, "ddp_peer.py")] + common

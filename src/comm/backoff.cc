@@ -12,12 +12,12 @@ namespace comm {
 
 Backoff::Step Backoff::next(Clock::time_point now) {
   const uint64_t i = polls_++;
-  if (i < static_cast<uint64_t>(kSpinPolls)) return {Kind::kSpin, 0, false};
-  if (i == static_cast<uint64_t>(kSpinPolls))
-    yield_until_ = now + std::chrono::microseconds(kYieldUs);
+  const uint64_t spins = static_cast<uint64_t>(spin_polls_);
+  if (i < spins) return {Kind::kSpin, 0, false};
+  if (i == spins) yield_until_ = now + std::chrono::microseconds(yield_us_);
   if (cap_us_ <= 0 || now < yield_until_) {
     // Yields are cheap: look at the clock only every 64th of them.
-    const bool check = ((i - kSpinPolls) & 63) == 63;
+    const bool check = ((i - spins) & 63) == 63;
     return {Kind::kYield, 0, check};
   }
   const int64_t us = std::min(cap_us_, sleep_us_);
@@ -36,6 +36,20 @@ void Backoff::pause(const Step& step) {
       std::this_thread::sleep_for(std::chrono::microseconds(step.sleep_us));
       return;
   }
+}
+
+Backoff Backoff::from_settings() {
+  thread_local uint64_t generation = ~uint64_t{0};
+  thread_local int spins = kSpinPolls;
+  thread_local int64_t yield_us = kYieldUs;
+  const int64_t cap = wait_sleep_cap_us();
+  const uint64_t g = config::generation();
+  if (g != generation) {
+    spins = static_cast<int>(config::get_int("TUTTI_MPI_WAIT_SPINS"));
+    yield_us = config::get_int("TUTTI_MPI_WAIT_YIELD_US");
+    generation = g;
+  }
+  return Backoff(cap, spins, yield_us);
 }
 
 int64_t wait_sleep_cap_us() {

@@ -62,6 +62,15 @@ const std::vector<SettingInfo> kSettings = {
      "this), so a long wait costs little CPU; a completion is noticed at "
      "most one sleep late. 0: yield between polls for the whole wait (a busy "
      "wait: lowest latency, a core per waiting thread)."},
+    {"TUTTI_MPI_WAIT_SPINS", "int", "64",
+     "Back-to-back polls a host wait makes before it starts yielding (see "
+     "TUTTI_MPI_WAIT_SLEEP_US). Fewer spins and a shorter "
+     "TUTTI_MPI_WAIT_YIELD_US cost less CPU per wait (data-parallel buckets "
+     "on a CPU-bound machine: bench/RESULTS.md) but add latency to small "
+     "collectives, most of all with more ranks than cores."},
+    {"TUTTI_MPI_WAIT_YIELD_US", "int", "200",
+     "Microseconds a host wait polls with sched_yield() between polls, after "
+     "its spins and before its sleeps (see TUTTI_MPI_WAIT_SPINS)."},
     {"TUTTI_EXIT_ON_COMM_FAILURE", "bool", "0",
      "When a communicator breaks because a peer or the network failed (a "
      "timeout, an NCCL asynchronous error), log the error and end the "

@@ -169,42 +169,38 @@ std::vector<Backoff::Step> steps(int64_t cap_us, us tick, int n) {
 }
 
 TEST(Backoff, SpinsThenYieldsThenSleepsDoublingToTheCap) {
-  // 1 us per poll: kSpinPolls spins, kYieldUs yields (until that many us
-  // passed), then sleeps.
-  constexpr int kSpin = Backoff::kSpinPolls, kYield = static_cast<int>(Backoff::kYieldUs);
-  static_assert(kSpin == 16 && kYield == 30, "the documented policy");
-  const auto s = steps(1000, us(1), kSpin + kYield + 10);
-  for (int i = 0; i < kSpin; ++i) {
+  // 1 us per poll: 64 spins, 200 yields (until 200 us passed), then sleeps.
+  const auto s = steps(1000, us(1), 64 + 200 + 10);
+  for (int i = 0; i < 64; ++i) {
     EXPECT_EQ(s[i].kind, Backoff::Kind::kSpin) << i;
     EXPECT_FALSE(s[i].check_clock) << i;
   }
   int checks = 0;
-  for (int i = kSpin; i < kSpin + kYield; ++i) {
+  for (int i = 64; i < 264; ++i) {
     ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
     checks += s[i].check_clock;
   }
-  EXPECT_EQ(checks, kYield / 64);  // every 64th yield looks at the clock
+  EXPECT_EQ(checks, 200 / 64);  // every 64th yield looks at the clock
   const int64_t want[] = {20, 40, 80, 160, 320, 640, 1000, 1000, 1000, 1000};
   for (int k = 0; k < 10; ++k) {
-    EXPECT_EQ(s[kSpin + kYield + k].kind, Backoff::Kind::kSleep) << k;
-    EXPECT_EQ(s[kSpin + kYield + k].sleep_us, want[k]) << k;
-    EXPECT_TRUE(s[kSpin + kYield + k].check_clock) << k;
+    EXPECT_EQ(s[264 + k].kind, Backoff::Kind::kSleep) << k;
+    EXPECT_EQ(s[264 + k].sleep_us, want[k]) << k;
+    EXPECT_TRUE(s[264 + k].check_clock) << k;
   }
 }
 
 TEST(Backoff, CapZeroYieldsForever) {
-  const auto s = steps(0, us(50), Backoff::kSpinPolls + 1000);
-  for (size_t i = Backoff::kSpinPolls; i < s.size(); ++i)
+  const auto s = steps(0, us(50), 64 + 1000);
+  for (size_t i = 64; i < s.size(); ++i)
     ASSERT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
 }
 
 TEST(Backoff, CapBelowTheFirstSleepIsTheSleep) {
-  constexpr int kSpin = Backoff::kSpinPolls;
-  const auto s = steps(5, us(20), kSpin + 2 + 4);
-  // 20 us per poll: two yields see < 30 us, the rest sleep 5 us.
-  EXPECT_EQ(s[kSpin].kind, Backoff::Kind::kYield);
-  EXPECT_EQ(s[kSpin + 1].kind, Backoff::Kind::kYield);
-  for (int i = kSpin + 2; i < kSpin + 6; ++i) {
+  const auto s = steps(5, us(100), 64 + 3 + 3);
+  // 100 us per poll: two yields see < 200 us, the rest sleep 5 us.
+  EXPECT_EQ(s[64].kind, Backoff::Kind::kYield);
+  EXPECT_EQ(s[65].kind, Backoff::Kind::kYield);
+  for (int i = 66; i < 70; ++i) {
     EXPECT_EQ(s[i].kind, Backoff::Kind::kSleep) << i;
     EXPECT_EQ(s[i].sleep_us, 5) << i;
   }
@@ -219,6 +215,31 @@ TEST(Backoff, CapFollowsTheSettingAfterReload) {
   EXPECT_EQ(comm::wait_sleep_cap_us(), 1000);
 }
 
+TEST(Backoff, SpinsAndYieldFollowTheSettings) {
+  setenv("TUTTI_MPI_WAIT_SPINS", "16", 1);
+  setenv("TUTTI_MPI_WAIT_YIELD_US", "30", 1);
+  config::reload();
+  Backoff b = Backoff::from_settings();
+  auto now = Backoff::Clock::time_point{} + std::chrono::seconds(1);
+  std::vector<Backoff::Step> s;
+  for (int i = 0; i < 16 + 30 + 2; ++i) {  // 1 us per poll
+    s.push_back(b.next(now));
+    now += us(1) + us(s.back().sleep_us);
+  }
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(s[i].kind, Backoff::Kind::kSpin) << i;
+  for (int i = 16; i < 16 + 30; ++i) EXPECT_EQ(s[i].kind, Backoff::Kind::kYield) << i;
+  EXPECT_EQ(s[16 + 30].kind, Backoff::Kind::kSleep);
+  EXPECT_EQ(s[16 + 30].sleep_us, 20);
+  unsetenv("TUTTI_MPI_WAIT_SPINS");
+  unsetenv("TUTTI_MPI_WAIT_YIELD_US");
+  config::reload();
+  // Back to the defaults: 64 spins.
+  Backoff d = Backoff::from_settings();
+  for (int i = 0; i < Backoff::kSpinPolls; ++i)
+    ASSERT_EQ(d.next(now).kind, Backoff::Kind::kSpin) << i;
+  EXPECT_EQ(d.next(now).kind, Backoff::Kind::kYield);
+}
+
 // A real wait of 30 ms under the policy sleeps for most of it: few polls
 // (a yielding wait polls tens of thousands of times).
 TEST(Backoff, LongWaitPollsRarely) {
@@ -229,7 +250,7 @@ TEST(Backoff, LongWaitPollsRarely) {
     ++polls;
     b.next_and_pause();
   }
-  EXPECT_LT(polls, Backoff::kSpinPolls + 2000 + 60) << "the wait did not back off to sleeps";
+  EXPECT_LT(polls, 64 + 2000 + 60) << "the wait did not back off to sleeps";
 }
 
 }  // namespace

@@ -267,7 +267,7 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
   // progresses MPI (non-blocking collectives advance only inside MPI
   // calls).  The stall inspector (`stall`) is polled where the deadline is
   // checked: never while spinning, so a prompt op does not touch it.
-  comm::Backoff backoff(comm::wait_sleep_cap_us());
+  comm::Backoff backoff = comm::Backoff::from_settings();
   int flag = 0;
   for (;;) {
     *rc = MPI_Test(request, &flag, status);

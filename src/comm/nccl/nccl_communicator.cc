@@ -328,7 +328,7 @@ void CudaWork::synchronize() {
   // The watchdog bounds this loop: at the deadline it fails the work.
   // Backs off like the MPI waits (comm::Backoff); a sleep is a wait on cv_,
   // so a failure (fail()) wakes it at once.
-  comm::Backoff backoff(comm::wait_sleep_cap_us());
+  comm::Backoff backoff = comm::Backoff::from_settings();
   for (;;) {
     if (error_) std::rethrow_exception(error_);
     if (progress(lock)) return;

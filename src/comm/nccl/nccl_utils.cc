@@ -62,7 +62,7 @@ ncclResult_t await(const std::function<ncclResult_t(ncclResult_t*)>& query,
                    ncclResult_t rc, const mpi::Deadline& deadline) {
   // Enqueues settle within microseconds (the spinning polls); init and
   // split wait for every rank, and back off to sleeps like the MPI waits.
-  comm::Backoff backoff(comm::wait_sleep_cap_us());
+  comm::Backoff backoff = comm::Backoff::from_settings();
   while (rc == ncclInProgress) {
     const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
     if (step.check_clock && deadline.expired()) return ncclInProgress;
