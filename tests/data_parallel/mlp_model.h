@@ -28,6 +28,12 @@ class Mlp {
   // Weights uniform in +-1/sqrt(fan_in) from a fixed-seed generator: equal
   // seeds give bit-identical models in every process.
   Mlp(const std::vector<int>& widths, uint64_t seed);
+  // Not copyable: a copy's gradients would still point at this model's
+  // storage.  A move keeps the vectors' buffers, so it stays valid.
+  Mlp(const Mlp&) = delete;
+  Mlp& operator=(const Mlp&) = delete;
+  Mlp(Mlp&&) = default;
+  Mlp& operator=(Mlp&&) = default;
 
   int num_params() const { return static_cast<int>(params_.size()); }
   const std::string& name(int i) const { return names_[static_cast<size_t>(i)]; }
