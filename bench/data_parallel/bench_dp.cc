@@ -232,6 +232,9 @@ int main(int argc, char** argv) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", hidden / std::min(compute, comm));
     const std::string ratio = a.only >= 0 ? "null" : buf;
+    // --only comm or compute leaves the step phase unmeasured: no throughput.
+    char sps[32] = "null";
+    if (step > 0) std::snprintf(sps, sizeof sps, "%.1f", n * a.batch / step);
     std::string widths;
     for (size_t i = 0; i < a.widths.size(); ++i) widths += (i ? "," : "") + std::to_string(a.widths[i]);
     std::printf(
@@ -240,12 +243,12 @@ int main(int argc, char** argv) {
         "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"sequential_ms\": %.3f, "
         "\"step_ms\": %.3f, \"hidden_ms\": %.3f, \"overlap_ratio\": %s, \"sync_wait_ms\": %.3f, "
         "\"step_backward_ms\": %.3f, \"cpu_ms\": {\"step\": %.1f, \"compute\": %.1f, "
-        "\"comm\": %.1f}, \"samples_per_s\": %.1f}\n",
+        "\"comm\": %.1f}, \"samples_per_s\": %s}\n",
         a.bucket_view ? "true" : "false", n, widths.c_str(), a.batch, grad_bytes / 1048576.0, reducer.buckets().size(), a.cap_mb,
         a.first_mb, a.steps, compute * 1e3, comm * 1e3, med[kSequential] * 1e3, step * 1e3,
         hidden * 1e3, ratio.c_str(), median(wait) * 1e3,
         median(bwd) * 1e3, med_cpu[kStep] * 1e3, med_cpu[kCompute] * 1e3, med_cpu[kComm] * 1e3,
-        n * a.batch / step);
+        sps);
   }
   tutti::shutdown();
   return 0;

@@ -111,6 +111,10 @@ struct Bucket {
   int64_t launch_step = 0;  // step number handed to the compressor
   float launch_grad_scale = 1.0f;  // gradient scale handed to the compressor
   WorkPtr work;             // kFlat: the all-reduce in flight
+  // kFlat, host bucket: the all-reduce averaged (ReduceOp::kAvg), so the
+  // division by the group size ran on the chain's thread as the bucket
+  // completed, and write_back() divides by nothing.
+  bool averaged = false;
   WorkPtr cross_work;       // kHierarchical: cross-node all-reduce in flight
 };
 
