@@ -11,6 +11,7 @@
 #   bench/data_parallel/run_overlap.sh [OUT]
 #   ROUNDS=5 STEPS=10 RATE=1gbit PYTHON=.venv/bin/python bench/data_parallel/run_overlap.sh /tmp/overlap.txt
 #   PARTS="rig" ... only the netns part; PARTS="local" only the local one
+#   RIG_NPS="2": only np 2 on the rig (default "2 4")
 #   RIG_WIDTHS, RIG_BATCH, RIG_CAP_MB: the rig's model; BUCKET_VIEW=1:
 #   gradients as bucket views on both sides (no copy in or out)
 set -euo pipefail
@@ -40,8 +41,9 @@ if [[ " $PARTS " == *" rig "* ]]; then
   subnet=10.$((200 + RANDOM % 50)).$((RANDOM % 250))
   scripts/netns_cluster.sh up --prefix "$PREFIX" 2 --rate "$RATE" --subnet "$subnet"
   trap 'scripts/netns_cluster.sh down --prefix "$PREFIX"' EXIT
-  compare --netns "$PREFIX" --per-host 1 --np 2 --label "rig-$RATE" "${RIG_MODEL[@]}"
-  compare --netns "$PREFIX" --per-host 2 --np 4 --label "rig-$RATE" "${RIG_MODEL[@]}"
+  for np in ${RIG_NPS:-2 4}; do
+    compare --netns "$PREFIX" --per-host $((np / 2)) --np "$np" --label "rig-$RATE" "${RIG_MODEL[@]}"
+  done
 fi
 if [[ " $PARTS " == *" local "* ]]; then
   compare --np 2 --label local "${LOCAL_MODEL[@]}"
