@@ -38,30 +38,38 @@ void Backoff::pause(const Step& step) {
   }
 }
 
-Backoff Backoff::from_settings() {
-  thread_local uint64_t generation = ~uint64_t{0};
-  thread_local int spins = kSpinPolls;
-  thread_local int64_t yield_us = kYieldUs;
-  const int64_t cap = wait_sleep_cap_us();
-  const uint64_t g = config::generation();
-  if (g != generation) {
-    spins = static_cast<int>(config::get_int("TUTTI_MPI_WAIT_SPINS"));
-    yield_us = config::get_int("TUTTI_MPI_WAIT_YIELD_US");
-    generation = g;
-  }
-  return Backoff(cap, spins, yield_us);
-}
+namespace {
 
-int64_t wait_sleep_cap_us() {
+// The three wait settings, re-read when the settings generation changes
+// (cached per thread: waits run on several threads and must not share a
+// lock).
+struct WaitSettings {
+  int64_t cap_us = 1000;
+  int spins = Backoff::kSpinPolls;
+  int64_t yield_us = Backoff::kYieldUs;
+};
+
+const WaitSettings& wait_settings() {
   thread_local uint64_t generation = ~uint64_t{0};
-  thread_local int64_t value = 1000;
+  thread_local WaitSettings value;
   const uint64_t g = config::generation();
   if (g != generation) {
-    value = config::get_int("TUTTI_MPI_WAIT_SLEEP_US");
+    value.cap_us = config::get_int("TUTTI_MPI_WAIT_SLEEP_US");
+    value.spins = static_cast<int>(config::get_int("TUTTI_MPI_WAIT_SPINS"));
+    value.yield_us = config::get_int("TUTTI_MPI_WAIT_YIELD_US");
     generation = g;
   }
   return value;
 }
+
+}  // namespace
+
+Backoff Backoff::from_settings() {
+  const WaitSettings& w = wait_settings();
+  return Backoff(w.cap_us, w.spins, w.yield_us);
+}
+
+int64_t wait_sleep_cap_us() { return wait_settings().cap_us; }
 
 }  // namespace comm
 }  // namespace tutti

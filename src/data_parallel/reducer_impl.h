@@ -111,10 +111,6 @@ struct Bucket {
   int64_t launch_step = 0;  // step number handed to the compressor
   float launch_grad_scale = 1.0f;  // gradient scale handed to the compressor
   WorkPtr work;             // kFlat: the all-reduce in flight
-  // kFlat, host bucket: the all-reduce averaged (ReduceOp::kAvg), so the
-  // division by the group size ran on the chain's thread as the bucket
-  // completed, and write_back() divides by nothing.
-  bool averaged = false;
   WorkPtr cross_work;       // kHierarchical: cross-node all-reduce in flight
 };
 
@@ -186,6 +182,7 @@ class ReducerImpl {
   void reset_step();
   int64_t divisor() const;
   double post_divisor() const;
+  bool averaged_by_allreduce(const dp::Bucket& b) const;
   void divide_bucket(dp::Bucket& b, double by, void* stream);
   // pooled bucket buffers (reducer_pool.cc)
   bool pooled() const { return !pool_slots_.empty(); }

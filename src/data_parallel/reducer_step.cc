@@ -38,6 +38,18 @@ int64_t ReducerImpl::divisor() const {
   return d >= 1 && std::floor(d) == d ? static_cast<int64_t>(d) : 1;
 }
 
+// A host bucket on the flat path whose divisor is the group size averages
+// in its all-reduce (ReduceOp::kAvg): the communicator divides on the
+// chain's thread as soon as this bucket's sum is in, while other buckets are
+// still on the wire, instead of synchronize() dividing every bucket after
+// the last one (~4 ms per 15 MB on the critical path).  The same float
+// division, so the same bits.  CUDA buckets keep the division fused into
+// their write-back kernel.
+bool ReducerImpl::averaged_by_allreduce(const Bucket& b) const {
+  return mode_ == Mode::kFlat && !collective_ && b.plan.layout.device.is_cpu() &&
+         divisor() == group_->size() && static_cast<double>(divisor()) == post_divisor();
+}
+
 // In place: bucket /= divisor, rounded once in the bucket's dtype (float32,
 // float16 or bfloat16; add_parameter refuses others when f != 1).  The
 // cast compressor's conversion, src == dst.
@@ -175,7 +187,6 @@ void ReducerImpl::launch(int index, bool early) {
   Bucket& b = buckets_[static_cast<size_t>(index)];
   cuda::OptionalDeviceGuard device(b.plan.layout.device);  // NCCL submission
   b.issued = true;
-  b.averaged = false;
   b.launch_step = step_;
   b.launch_grad_scale = grad_scale_;
   TUTTI_TIMELINE(bucket_launch(index, static_cast<int64_t>(b.plan.bytes)));
@@ -203,17 +214,9 @@ void ReducerImpl::launch(int index, bool early) {
   if (group_->size() == 1) return;  // the sum over one rank is the bucket
   Communicator& comm =
       channels_.empty() ? *group_ : *channels_[static_cast<size_t>(b.chain)];
-  // A host bucket whose divisor is the group size averages in the
-  // all-reduce: the communicator divides on the chain's thread as soon as
-  // this bucket's sum is in, while other buckets are still on the wire,
-  // instead of synchronize() dividing every bucket after the last one
-  // (~4 ms per 15 MB on the critical path).  The same float division, so
-  // the same bits.  CUDA buckets keep the division fused into their
-  // write-back kernel.
-  b.averaged = b.plan.layout.device.is_cpu() && divisor() == group_->size() &&
-               static_cast<double>(divisor()) == post_divisor();
   b.work = comm.allreduce_async(b.buffer->view(b.plan.layout.numel),
-                                b.averaged ? ReduceOp::kAvg : ReduceOp::kSum, o);
+                                averaged_by_allreduce(b) ? ReduceOp::kAvg : ReduceOp::kSum,
+                                o);
 }
 
 // On the worker thread: reads only what launch() wrote before enqueue().
@@ -319,13 +322,12 @@ void ReducerImpl::write_back(Bucket& b, void* stream) {
   // is already in place.
   const bool in_place = opt_.gradient_as_bucket_view;
   // Averaged by the all-reduce (launch()): nothing left to divide.
-  const int64_t div = b.averaged ? 1 : divisor();
+  const int64_t div = averaged_by_allreduce(b) ? 1 : divisor();
   // A bucket collective's owner consumes the result (set_bucket_collective).
   const bool nothing_to_do = (in_place && div == 1) || collective_;
   // A post divisor W / f that is not a whole number: divide the bucket
   // first (Horovod's postscale), then write back without dividing.
-  const bool divide_first =
-      !b.averaged && static_cast<double>(divisor()) != post_divisor();
+  const bool divide_first = static_cast<double>(divisor()) != post_divisor();
   if (divide_first && l.device.is_cpu()) divide_bucket(b, post_divisor(), nullptr);
   if (nothing_to_do && l.device.is_cpu()) return;
   if (!in_place && !collective_) stats_.bytes_copied_out += static_cast<int64_t>(b.plan.bytes);
@@ -460,7 +462,6 @@ void ReducerImpl::reset_step() {
     b.issued = false;
     b.work.reset();
     b.cross_work.reset();
-    b.averaged = false;
   }
   for (auto& p : params_) {
     p.seen = false;
