@@ -118,45 +118,12 @@ SYS_MPIRUN=$(have mpirun)
 cat "$WORK/probe.md" >> "$LOG"
 
 # ---- 1. the kit ---------------------------------------------------------------
-KIT=""
-if [ -d "$KITSRC" ] && [ -f "$KITSRC/env.sh" ]; then
-  KIT=$(cd "$KITSRC" && pwd)
-elif [ -f "$KITSRC" ]; then
-  log "unpacking $KITSRC"
-  if command -v xz >/dev/null; then
-    tar -C "$WORK" -xJf "$KITSRC" >> "$LOG" 2>&1
-  else  # Python's tarfile reads xz without the xz tool
-    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-      "$KITSRC" "$WORK" >> "$LOG" 2>&1
-  fi
-  [ -f "$WORK/tutti-gpukit/env.sh" ] && KIT=$WORK/tutti-gpukit
-fi
-if [ -z "$KIT" ]; then
-  fail kit "no kit at $KITSRC (run scripts/gpu_kit.sh here and carry .gpukit/tutti-gpukit.tar.xz)"
+# shellcheck source=scripts/gpu_kit_load.sh
+. "$ROOT/scripts/gpu_kit_load.sh"
+if kit_load "$KITSRC" "$WORK" "$LOG" "$ROOT"; then
+  note kit ok "$(grep '^commit:' "$KIT/KIT_INFO" | tr -s ' '), mpirun: $(command -v mpirun)"
 else
-  # shellcheck source=/dev/null
-  . "$KIT/env.sh" "$ROOT"
-  cat "$KIT/KIT_INFO" >> "$LOG"
-  # CUDA, NCCL and cuDNN come from the machine: where the loader cannot find
-  # one, look in the toolkit and in the Python wheels (nvidia-*-cu13).
-  probe_exe=$KIT/build/examples/gpu_cnn/gpu_cnn
-  extra=()
-  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib \
-           $(python3 -c "import nvidia, os; p = nvidia.__path__[0]; print(' '.join(os.path.join(p, d, 'lib') for d in os.listdir(p)))" 2>/dev/null); do
-    [ -d "$d" ] && extra+=("$d")
-  done
-  if ldd "$probe_exe" 2>/dev/null | grep -q 'not found'; then
-    for d in "${extra[@]}"; do
-      LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
-      ldd "$probe_exe" | grep -q 'not found' || break
-    done
-    export LD_LIBRARY_PATH
-  fi
-  if ldd "$probe_exe" 2>/dev/null | grep -q 'not found'; then
-    fail kit "libraries not found: $(ldd "$probe_exe" | awk '/not found/ {print $1}' | tr '\n' ' ')"
-  else
-    note kit ok "$(grep '^commit:' "$KIT/KIT_INFO" | tr -s ' '), mpirun: $(command -v mpirun)"
-  fi
+  fail kit "$KIT_ERROR"
 fi
 
 # ---- 2. the Python extension (background) -------------------------------------

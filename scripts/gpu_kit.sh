@@ -10,6 +10,8 @@
 #             libtutti and ctest's CTestTestfile.cmake files, whose absolute
 #             paths are placeholders that env.sh fills in on the target
 #   bin/      OpenMPI's launcher (orterun as mpirun/mpiexec), orted, ompi_info
+#   sbin/     iproute2's ip and tc with their own libraries (sbin/lib), for
+#             scripts/gpu_overlap.sh's rig; not on env.sh's PATH
 #   lib/      every shared library ldd names that a CUDA/Ubuntu base image
 #             does not have (OpenMPI, PMIx, hwloc, libevent, OpenBLAS,
 #             libgfortran, libcurl and its TLS/compression/LDAP/... chain,
@@ -78,7 +80,7 @@ grep -q '^TUTTI_WITH_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" ||
 # ---- 2. the tree -------------------------------------------------------------
 KIT=$OUT/tutti-gpukit
 rm -rf "$KIT"
-mkdir -p "$KIT"/{bin,lib,build,share,etc,include}
+mkdir -p "$KIT"/{bin,sbin,lib,build,share,etc,include}
 SOURCE_DIR=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt")
 MPIEXEC=$(sed -n 's/^TUTTI_MPIEXEC:FILEPATH=//p' "$BUILD/CMakeCache.txt")
 is_elf() { [ "$(head -c4 "$1" 2>/dev/null | od -An -c | tr -d ' ')" = '177ELF' ]; }
@@ -142,6 +144,31 @@ fi
 # pybind11's headers (Debian's pybind11-dev), should the target's pip lack them.
 for d in /usr/include/pybind11; do [ -d "$d" ] && cp -rp "$d" "$KIT/include/"; done
 
+# iproute2's ip and tc, for the two-host network-namespace rig of
+# scripts/gpu_overlap.sh (CUDA images lack iproute2): the programs in
+# sbin/libexec, the libraries only they need in sbin/lib (not lib/, whose
+# copies would shadow the machine's in every process), and sbin/ip, sbin/tc
+# starting them through the loader with that library path, so that the
+# commands `ip netns exec` starts inherit no library path of theirs.
+# env.sh leaves sbin/ off PATH: gpu_overlap.sh uses it only where the
+# machine has no iproute2.
+mkdir -p "$KIT/sbin/libexec" "$KIT/sbin/lib"
+LOADER=$(ldd /bin/sh | awk '/ld-linux/ {print $1}')
+for b in ip tc; do
+  p=$(command -v "$b" || true)
+  [ -n "$p" ] || continue
+  cp -pL "$p" "$KIT/sbin/libexec/"
+  ldd "$p" | awk '$2 == "=>" {print $1, $3}' | while read -r name path; do
+    [[ $name =~ ^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt)\.so ]] ||
+      cp -L "$path" "$KIT/sbin/lib/$name"
+  done
+  cat > "$KIT/sbin/$b" <<EOF
+#!/bin/sh
+d=\$(dirname "\$(readlink -f "\$0")")
+exec $LOADER --library-path "\$d/lib" "\$d/libexec/$b" "\$@"
+EOF
+  chmod +x "$KIT/sbin/$b"
+done
 # Shared libraries: the closure ldd reports for everything packed so far,
 # minus what every CUDA/Ubuntu image has.
 BASE='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s)\.so'
