@@ -42,7 +42,7 @@ STEPS=${STEPS:-12}
 RATE=${RATE:-1gbit}
 NPS=${NPS:-"2 4"}
 BATCH=${BATCH:-auto}
-PYTHON=${PYTHON:-python3}
+PYTHON=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
 PREFIX=tzgo
 SUBNET=10.231.$((100 + RANDOM % 100))
 WIDTHS=64$(printf ',512%.0s' $(seq 16)),16   # run_overlap.sh's rig model
@@ -69,6 +69,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/tutti-gpu-overlap.XXXXXX")
 START=$SECONDS
 FAILED=0
 LINES=()   # the report's body, in order
+KIT="" IPROUTE="not checked"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 log() { echo "[gpu_overlap +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
 left() { echo $((BUDGET - (SECONDS - START))); }
@@ -89,7 +90,7 @@ write_report() {
     echo "| python (DDP side) | $PYINFO |"
     echo "| ip / tc | $IPROUTE |"
     echo "| bench_dp | $BIN |"
-    [ -n "${KIT:-}" ] && echo "| kit | $(grep '^commit:' "$KIT/KIT_INFO" | tr -s ' ') |"
+    [ -n "$KIT" ] && echo "| kit | $(grep '^commit:' "$KIT/KIT_INFO" | tr -s ' ') |"
     printf '%s\n' "${LINES[@]}"
   } > "$REPORT"
   log "report: $REPORT"
@@ -112,7 +113,6 @@ if ! "$PYTHON" -c "import torch.distributed as d; assert d.is_gloo_available()" 
 fi
 
 # ---- the kit (unless --bench) --------------------------------------------------
-KIT=""
 if [ -z "$BIN" ]; then
   # shellcheck source=scripts/gpu_kit_load.sh
   . "$ROOT/scripts/gpu_kit_load.sh"

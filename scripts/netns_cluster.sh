@@ -159,7 +159,10 @@ cmd_rsh() {
   ns=$(awk -v h="$host" '$1 == h {print $2}' "$(state_file)")
   [[ -n $ns ]] || die "rsh: '$host' is not a host of cluster '$PREFIX'"
   # OpenMPI passes the remote command as words for a shell (like ssh).
-  exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname $ns; $*"
+  # (Images without the hostname tool: the UTS namespace's name is also
+  # /proc/sys/kernel/hostname.)
+  exec ip netns exec "$ns" unshare --uts /bin/sh -c \
+    "{ hostname $ns || echo $ns > /proc/sys/kernel/hostname; } 2>/dev/null; $*"
 }
 
 cmd_exec() {
