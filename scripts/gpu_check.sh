@@ -343,6 +343,9 @@ fi
   grep -hE '^[0-9]+: .*(skipping|SKIPPED \[)' "$CTEST_LOG" | sort -u | head -20
   echo '```'
   if [ -s "$BENCH" ]; then echo; echo "## Benchmarks"; cat "$BENCH"; fi
+  echo
+  echo "Next, within 30 s while the machine is warm: \`bash scripts/gpu_overlap.sh\`"
+  echo "(the data-parallel overlap against DDP on this host's cores; docs/gpu.md)."
 } > "$REPORT"
 log "report: $REPORT ($([ $FAILED = 0 ] && echo ok || echo FAILED))"
 [ -z "${TUTTI_GPU_CHECK_WORK:-}" ] && rm -rf "$WORK"
