@@ -129,7 +129,7 @@ fi
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 
 # ---- the rig ---------------------------------------------------------------------
-if [ "${TUTTI_OVERLAP_KIT_IPROUTE:-0}" = 1 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+if [ "${TUTTI_OVERLAP_KIT_IPROUTE:-0}" = 1 ] || ! ip -V >/dev/null 2>&1 || ! tc -V >/dev/null 2>&1; then
   if [ -n "$KIT" ] && [ -x "$KIT/sbin/ip" ] && [ -x "$KIT/sbin/tc" ]; then
     export PATH=$KIT/sbin:$PATH
   fi
