@@ -62,9 +62,21 @@ def ddp_bucket_numels(model, cap_mb):
     assignment function on the gradients in ready order (last layer first),
     first bucket 1 MiB, then the cap."""
     params = list(reversed(list(model.parameters())))
-    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(cap_mb * 1048576)]
-    result = dist._compute_bucket_assignment_by_size(params, limits)
-    indices = result[0] if isinstance(result, tuple) else result
+    limits = [getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1048576), int(cap_mb * 1048576)]
+    assign = getattr(dist, "_compute_bucket_assignment_by_size", None)
+    if assign is not None:
+        result = assign(params, limits)
+        indices = result[0] if isinstance(result, tuple) else result
+    else:  # a PyTorch without the private function: its rule, restated
+        indices, cur, size = [], [], 0
+        for i, q in enumerate(params):
+            cur.append(i)
+            size += q.numel() * q.element_size()
+            if size >= limits[min(len(indices), 1)]:  # add, then close at >= limit
+                indices.append(cur)
+                cur, size = [], 0
+        if cur:
+            indices.append(cur)
     return [sum(params[i].numel() for i in b) for b in indices]
 
 
