@@ -62,9 +62,20 @@ int ReducerImpl::add_pool_slot() {
   return static_cast<int>(pool_slots_.size()) - 1;
 }
 
-// Before the first write into `b` in this pass (on `stream`).
+// Before every write into `b` in this pass (on `stream`).
 void ReducerImpl::acquire_buffer(Bucket& b, void* stream) {
-  if (!pooled() || b.pool_slot >= 0) return;
+  if (!pooled()) return;
+  if (b.pool_slot >= 0) {
+    // Held already: a write from another stream than the one that took the
+    // buffer (b.stream, set after the first write) must also wait for the
+    // buffer's last release, or it could land while the previous borrower's
+    // collective still reads the memory.  The event still marks that
+    // release: it is recorded again only when `b` gives the buffer back.
+    if (b.plan.layout.device.is_cuda() && b.stream_set && stream != b.stream)
+      dp::wait_released(*pool_slots_[static_cast<size_t>(b.pool_slot)], b.plan.layout.device,
+                        stream);
+    return;
+  }
   if (free_slots_.empty()) {
     // The oldest launched bucket holding a buffer (one chain: launch order
     // is bucket order) gives it back once its collective is done.

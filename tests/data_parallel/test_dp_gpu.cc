@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "core/cuda_utils.h"
 #include "data_parallel/dp_test_util.h"
@@ -283,6 +285,91 @@ TEST(DpGpu, BroadcastParameters) {
   for (auto& p : params)
     EXPECT_TRUE(test::matches(p.param->download(),
                               [](int64_t i) { return static_cast<double>(i % 50); }));
+}
+
+// Pooled bucket buffers (set_bucket_collective with one buffer) and
+// gradients from two streams.  Registration [a1, a2, b], one float32[256]
+// bucket cap: bucket 0 = [b], bucket 1 = [a2, a1].  The hook stands in for
+// a slow collective: its stream waits for the bucket's stream, then holds
+// 200 ms (a host function), then copies the bucket into a capture.  With one
+// buffer, bucket 1's first gradient (stream A) recycles bucket 0's buffer:
+// stream A waits for the hook's work and the buffer's release.  Its second
+// gradient comes from stream B and holds a sentinel: unless stream B also
+// waits for the release, its copy lands in the buffer while the hook still
+// holds, and the capture of bucket 0 reads the sentinel.
+struct SlowCapture : Work {
+  cudaStream_t waiter;
+  std::shared_ptr<cuda::Event> done;
+  void wait() override { TUTTI_CUDA_CHECK(cudaStreamWaitEvent(waiter, done->get(), 0)); }
+  void synchronize() override { TUTTI_CUDA_CHECK(cudaEventSynchronize(done->get())); }
+  bool test() override { return done->query(); }
+  uint64_t seq() const override { return 0; }
+  std::string description() const override { return "slow capture"; }
+};
+
+void CUDART_CB hold_200ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
+
+TEST(DpGpu, PooledBufferWrittenFromASecondStreamWaitsForItsRelease) {
+  TUTTI_REQUIRE_GPU();
+  const int dev = my_device();
+  cuda::DeviceGuard g(dev);
+  cuda::Stream a(dev), b(dev), hook_stream(dev);
+  const int64_t n = 256;
+  const std::vector<test::ParamDecl> decls = {{"a1", DType::kFloat32, Shape{n / 2}},
+                                              {"a2", DType::kFloat32, Shape{n / 2}},
+                                              {"b", DType::kFloat32, Shape{n}}};
+  auto params = gpu_params(dev, decls);
+  ReducerOptions o;
+  o.bucket_cap_mb = static_cast<double>(n * 4) / (1 << 20);
+  o.first_bucket_cap_mb = 0;
+  o.learn_bucket_order = false;
+  Reducer r(world(), o);
+  for (auto& p : params) r.add_parameter(p.name, p.param->tensor(p.shape), p.grad->tensor(p.shape));
+  r.build();
+  ASSERT_EQ(r.buckets().size(), 2u);
+  std::vector<cuda::DeviceBuffer> captures;
+  for (int i = 0; i < 2; ++i) captures.emplace_back(dev, n * 4);
+  r.set_bucket_collective(
+      [&](int index, const Tensor& flat, const OpOptions& opt) -> WorkPtr {
+        cuda::DeviceGuard hg(dev);
+        cuda::Event ready(dev);
+        ready.record(static_cast<cudaStream_t>(opt.stream));
+        TUTTI_CUDA_CHECK(cudaStreamWaitEvent(hook_stream.get(), ready.get(), 0));
+        TUTTI_CUDA_CHECK(cudaLaunchHostFunc(hook_stream.get(), hold_200ms, nullptr));
+        TUTTI_CUDA_CHECK(cudaMemcpyAsync(captures[static_cast<size_t>(index)].data(), flat.data(),
+                                         static_cast<size_t>(n * 4), cudaMemcpyDeviceToDevice,
+                                         hook_stream.get()));
+        auto w = std::make_shared<SlowCapture>();
+        w->waiter = static_cast<cudaStream_t>(opt.stream);
+        w->done = std::make_shared<cuda::Event>(dev);
+        w->done->record(hook_stream.get());
+        return w;
+      },
+      1);
+  // b = 1, a2 = 2, a1 = the sentinel 0x7f7f7f7f (3.39e38).
+  const float values[] = {0.f, 2.f, 1.f};
+  for (size_t p = 0; p < decls.size(); ++p) {
+    if (p == 0) {
+      TUTTI_CUDA_CHECK(cudaMemset(params[p].grad->mem.data(), 0x7f, params[p].host.bytes.size()));
+      continue;
+    }
+    std::vector<float> h(static_cast<size_t>(params[p].host.numel()), values[p]);
+    TUTTI_CUDA_CHECK(cudaMemcpy(params[p].grad->mem.data(), h.data(), h.size() * 4,
+                                cudaMemcpyHostToDevice));
+  }
+  TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+  r.grad_ready(2, a.get());  // b: bucket 0 full, the hook starts holding
+  r.grad_ready(1, a.get());  // a2: bucket 1 takes the only buffer
+  r.grad_ready(0, b.get());  // a1, from another stream
+  ASSERT_TRUE(r.synchronize(a.get()));
+  TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got(static_cast<size_t>(n));
+  TUTTI_CUDA_CHECK(cudaMemcpy(got.data(), captures[0].data(), n * 4, cudaMemcpyDeviceToHost));
+  int64_t wrong = 0;
+  for (float v : got) wrong += v != 1.f;
+  EXPECT_EQ(wrong, 0) << "bucket 0's collective read " << wrong << " of " << n
+                      << " elements written later by bucket 1 from another stream";
+  EXPECT_EQ(r.stats().pool_waits, 1);
 }
 
 #else
