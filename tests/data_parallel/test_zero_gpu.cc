@@ -10,6 +10,10 @@
 // thread that launches on the wrong device fails.
 #include <gtest/gtest.h>
 
+#include <exception>
+#include <memory>
+#include <thread>
+
 #include "core/cuda_utils.h"
 #include "data_parallel/test_zero_util.h"
 
@@ -107,6 +111,56 @@ TEST(ZeroGpu, MatchesHostTraining) {
             EXPECT_LE(diff, 1e-6) << "step " << t;
         }
       }
+}
+
+// The optimizer built on a thread that never set its device (threads start
+// on device 0 without tutti knowing it): its setup casts the parameters into
+// the master weights on the bucket's device, under its own guard.  Under
+// TUTTI_CHECK_DEVICE=1 (ctest's gpu tests) a launch from a thread that did
+// not set its device through tutti fails, so a missing guard shows even on
+// a one-GPU machine.  Then one step matches the host's, so the master
+// weights started from the parameters.
+TEST(ZeroGpu, BuiltOnAThreadThatSetNoDevice) {
+  TUTTI_REQUIRE_GPU();
+  const int dev = my_device();
+  ZeroConfig c;
+  c.hyper = test::test_hyper(optim::Kind::kAdamW);
+  c.stage = 2;
+  ZeroModel host(world(), c);
+  std::unique_ptr<DeviceModel> d;
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      d.reset(new DeviceModel(host, c, dev));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  t.join();
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      FAIL() << "building on a thread with no device set: " << e.what();
+    }
+  }
+  cuda::DeviceGuard g(dev);
+  cuda::Stream stream(dev);
+  ASSERT_TRUE(host.backward(1));
+  host.step();
+  for (int p = static_cast<int>(host.params.size()) - 1; p >= 0; --p) {
+    test::Buffer b(host.params[static_cast<size_t>(p)].param.dtype,
+                   host.params[static_cast<size_t>(p)].shape.numel());
+    const std::vector<double> v = host.local_gradient(p, 1);
+    convert(v.data(), DType::kFloat64, b.bytes.data(), b.dtype, v.size());
+    TUTTI_CUDA_CHECK(cudaMemcpy(d->grads[static_cast<size_t>(p)].data(), b.bytes.data(),
+                                b.bytes.size(), cudaMemcpyHostToDevice));
+    d->reducer->grad_ready(p, stream.get());
+  }
+  ASSERT_TRUE(d->reducer->synchronize(stream.get()));
+  d->zero->step(1.f, stream.get());
+  TUTTI_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  EXPECT_EQ(test::max_abs_diff(d->values(host), host.param_values()), 0.0);
 }
 
 #else

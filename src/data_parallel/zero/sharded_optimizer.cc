@@ -230,6 +230,16 @@ void ShardedOptimizerImpl::setup_bucket(int index, bool pool_gathers) {
   z.owned = sh.end - sh.begin;
   shards_.push_back(sh);
 
+  // CUDA: every call below on the bucket's device, whatever the calling
+  // thread's current device (the constructor, or remap() inside the
+  // reducer's synchronize()); and the master casts read the parameters only
+  // after all work queued on the device so far (their broadcast may have
+  // been made to wait on a non-blocking stream, which the legacy stream
+  // used by the casts does not follow).
+  cuda::OptionalDeviceGuard device(l.device);
+#if TUTTI_WITH_CUDA
+  if (l.device.is_cuda()) TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
   z.master.allocate(l.device, DType::kFloat32, z.owned, pool_);
   z.states.resize(static_cast<size_t>(optim::num_states(hyper_.kind)));
   for (auto& st : z.states) st.allocate(l.device, DType::kFloat32, z.owned, pool_);
@@ -267,7 +277,6 @@ void ShardedOptimizerImpl::setup_bucket(int index, bool pool_gathers) {
   if (l.device.is_cuda()) {
     z.device_chunks = dp::upload_to_device(l.device.index, z.chunks.data(),
                                            z.chunks.size() * sizeof(z.chunks[0]));
-    cuda::DeviceGuard g(l.device.index);
     TUTTI_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // the master casts
   }
 #endif
