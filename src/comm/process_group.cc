@@ -146,7 +146,8 @@ int ProcessGroup::join() {
 void ProcessGroup::synchronize() {
   if (impl_->mpi) impl_->mpi->drain();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  for (auto& c : impl_->cuda) c.second->drain();
+  // NCCL: completed on the GPU, not only enqueued (drain()), as on MPI.
+  for (auto& c : impl_->cuda) c.second->synchronize();
 }
 
 }  // namespace tutti

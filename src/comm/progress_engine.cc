@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include "core/check.h"
+
 namespace tutti {
 namespace comm {
 
@@ -15,6 +17,11 @@ void ProgressEngine::submit(std::function<void()> task, bool blocking) {
     run_here(lock, task);
     return;
   }
+  // Stopped (or stopping): no thread will run a queued task, and a Work
+  // waiting for it would wait forever.
+  if (stopping_)
+    TUTTI_THROW(kAborted, "communicator '", name_, "' is closed: an operation "
+                "submitted while or after it closed will never run");
   if (!thread_.joinable() && !stopping_) {
     thread_ = std::thread([this] { loop(); });
   }

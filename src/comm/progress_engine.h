@@ -25,7 +25,9 @@ class ProgressEngine {
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;
 
-  // Tasks must not throw (they report through their Work).
+  // Tasks must not throw (they report through their Work).  After stop():
+  // a blocking call still runs on the caller's thread; one that would be
+  // queued throws Error(kAborted) (no thread would run it).
   void submit(std::function<void()> task, bool blocking);
   // Runs `fn` in order after everything submitted so far and waits for it;
   // rethrows what `fn` threw.  For work that must keep the communicator's

@@ -69,6 +69,26 @@ struct DeviceBuffer {
 int run(const std::string& mode) {
   auto w = world();
   rank_ = w->rank();
+  if (mode == "absent_peer_bootstrap") {
+    // Rank 1 never makes a CUDA call on the group (it is gone, or took
+    // another path): rank 0's NCCL bootstrap must end in kTimeout at
+    // TUTTI_TIMEOUT (20 s in nccl_watchdog_test.sh), not block in an
+    // MPI_Comm_dup.  Only rank 0 needs a GPU.
+    if (cuda_device_count() == 0) {
+      if (rank_ == 0) std::printf("fewer GPUs than ranks on this host: skipping\n");
+      return 77;
+    }
+    if (rank_ == 1) {
+      sleep(40);  // past rank 0's timeout; mpiexec ends the job later
+      return 0;
+    }
+    cudaSetDevice(0);
+    expect_error("the absent peer at the NCCL bootstrap", ErrorCode::kTimeout,
+                 {"'ncclUniqueId'", "did not complete within 20 s"},
+                 [&] { w->cuda_communicator(0); });
+    sleep(1);
+    return 0;
+  }
   if (cuda_device_count() < local_size() || cuda_device_count() == 0) {
     if (rank_ == 0) std::printf("fewer GPUs than ranks on this host: skipping\n");
     return 77;

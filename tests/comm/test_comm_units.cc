@@ -5,6 +5,8 @@
 //  * the checked-call macros: every MPI and NCCL call's failure becomes a
 //    tutti::Error naming the rank, the context (op, group, peer) and the
 //    call, and the non-throwing forms log and report instead;
+//  * what the NCCL communicator refuses of a send/recv (tags, itself) and
+//    a stopped ProgressEngine refusing to queue;
 //  * comm::Backoff, the one waiting policy of the MPI waits and the NCCL
 //    host polls (issue 15: the NCCL side yielded without ever sleeping),
 //    on a fake clock.
@@ -151,7 +153,67 @@ TEST(NcclCheck, ThrowsKNcclWithContextAndNcclText) {
   EXPECT_NO_THROW(ok = TUTTI_NCCL_WARN(failing_nccl_call(0), "closing"));
   EXPECT_FALSE(ok);
 }
+
+// What the NCCL communicator refuses of a send/recv before enqueueing it
+// (its execute() runs this check): a tag, which NCCL would not match on
+// (tagged messages posted in different orders would be swapped silently),
+// and this rank as the peer (it would wait forever on one stream).
+TEST(NcclCheckP2p, RefusesTagsAndSelfWithTheReason) {
+  float x[4] = {};
+  OpRequest r;
+  r.input = r.output = Tensor(x, DType::kFloat32, Shape{4});
+  const std::string desc = "send #3 'g' float32[4]";
+  for (CollectiveKind kind : {CollectiveKind::kSend, CollectiveKind::kRecv}) {
+    r.kind = kind;
+    r.root = 1;
+    r.tag = 0;
+    EXPECT_NO_THROW(nccl::check_p2p(r, 0, desc)) << "tag 0 to another rank is fine";
+    r.tag = 3;
+    try {
+      nccl::check_p2p(r, 0, desc);
+      ADD_FAILURE() << "tag 3 was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      expect_contains(e.message(), desc + ": tag 3 on an NCCL communicator");
+      expect_contains(e.message(), "use host tensors (the MPI backend)");
+    }
+    r.tag = 0;
+    r.root = 0;
+    try {
+      nccl::check_p2p(r, 0, desc);
+      ADD_FAILURE() << "a message to this rank itself was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      expect_contains(e.message(), "this rank itself (0) on an NCCL communicator would wait forever");
+    }
+  }
+  r.kind = CollectiveKind::kAllreduce;  // collectives: not its business
+  r.tag = 7;
+  r.root = 0;
+  EXPECT_NO_THROW(nccl::check_p2p(r, 0, desc));
+}
 #endif
+
+// A stopped engine has no thread: a task it would queue would never run,
+// and the Work waiting for it would wait forever (a submit racing close()).
+// It refuses such a task; a blocking one on an idle engine still runs on
+// the caller's thread, as before.
+TEST(ProgressEngine, RefusesToQueueAfterStop) {
+  comm::ProgressEngine engine("units");
+  int ran = 0;
+  engine.submit([&] { ++ran; }, false);
+  engine.stop();
+  EXPECT_EQ(ran, 1);
+  try {
+    engine.submit([&] { ++ran; }, false);
+    ADD_FAILURE() << "a task was queued on a stopped engine";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted);
+    expect_contains(e.message(), "communicator 'units' is closed");
+  }
+  engine.submit([&] { ++ran; }, true);
+  EXPECT_EQ(ran, 2);
+}
 
 using comm::Backoff;
 using us = std::chrono::microseconds;

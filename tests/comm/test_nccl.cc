@@ -3,6 +3,8 @@
 // there are fewer GPUs than ranks on this host.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "common/test_util.h"
@@ -136,6 +138,22 @@ TEST_F(Nccl, AsyncWorkSynchronizeAndOtherCollectives) {
     for (int k = 0; k <= r; ++k) expect.push_back(r);
   EXPECT_TRUE(test::matches(vout, [&](int64_t j) { return expect[j]; }));
   w->barrier();
+}
+
+void CUDART_CB hold_300ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+
+// ProcessGroup::synchronize() waits until NCCL work completed on the GPU,
+// not only until it was enqueued: the input's stream is held 300 ms (a host
+// function) before the all-reduce may start, so an all-reduce merely
+// enqueued cannot have completed when synchronize() returns.
+TEST_F(Nccl, GroupSynchronizeWaitsForTheGpu) {
+  Buffer host(DType::kFloat32, 1000);
+  host.fill([&](int64_t i) { return rank_value(rank, i); });
+  Tensor t = upload(host);
+  CUDA_OK(cudaLaunchHostFunc(stream, hold_300ms, nullptr));
+  WorkPtr work = w->allreduce_async(t, ReduceOp::kSum, on_stream());
+  w->synchronize();
+  EXPECT_TRUE(work->test()) << "ProcessGroup::synchronize() returned before the all-reduce completed";
 }
 
 TEST_F(Nccl, SplitUsesNcclSplit) {

@@ -137,13 +137,36 @@ class NcclCommunicatorImpl {
       // thread finds a disagreement: separate communicators keep each one's
       // collectives in one order on every rank.  MPI_Comm_dup is collective
       // on the host communicator: in order with its other operations.
+      // Non-blocking duplicates waited for up to TUTTI_TIMEOUT: a rank that
+      // is gone (or took another path) must end in an error here, not in
+      // MPI_Comm_dup forever while the group's lock is held.
       uint64_t id = 0;
-      host->run_ordered([this, &id] {
+      const double timeout_s = settings.get().timeout_s;
+      host->run_ordered([this, &id, timeout_s] {
         const std::string what =
             detail::cat("setting up the agreement check of NCCL communicator '",
                         name, "'");
+        const mpi::Deadline deadline(timeout_s);
         for (MPI_Comm* c : {&check, &check_detail}) {
-          TUTTI_MPI_CHECK(MPI_Comm_dup(host->comm(), c), what);
+          // On the heap: after a timeout the request stays pending and MPI
+          // may still write the handle (leaked on purpose).
+          auto out = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
+          MPI_Request req = MPI_REQUEST_NULL;
+          TUTTI_MPI_CHECK(MPI_Comm_idup(host->comm(), out.get(), &req), what);
+          int rc = MPI_SUCCESS;
+          if (!mpi::wait_rc(&req, deadline, MPI_STATUS_IGNORE, &rc)) {
+            (void)out.release();
+            const Error err(
+                ErrorCode::kTimeout,
+                detail::cat(detail::rank_prefix(), what, " (MPI_Comm_idup of '",
+                            host->name(), "', ", host->size(), " ranks) did not complete "
+                            "within ", timeout_s, " s (TUTTI_TIMEOUT): a rank did not "
+                            "join (it failed, or took another path)"));
+            comm::communicator_broke(err);
+            throw err;
+          }
+          if (rc != MPI_SUCCESS) mpi::throw_mpi_error(rc, "MPI_Comm_idup", what, __FILE__, __LINE__);
+          *c = *out;
           TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN), what);
         }
         id = host->derived_id();
@@ -231,6 +254,11 @@ class NcclCommunicatorImpl {
   MPI_Comm check_detail = MPI_COMM_NULL;
   comm::Watchdog watchdog;     // outlives the engine (declared before it)
   comm::ProgressEngine engine;
+  // The newest op the engine took (ops complete in stream order, so its
+  // completion means every earlier one completed): ProcessGroup::
+  // synchronize() waits for it.
+  std::mutex last_mu;
+  std::shared_ptr<CudaWork> last_work;
   uint64_t next_seq = 0;       // collectives; engine task only
   uint64_t next_p2p_seq = 0;   // send/recv, numbered apart (two ranks only)
   std::atomic<bool> closed{false};
@@ -346,6 +374,10 @@ void CudaWork::synchronize() {
 void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
                                    const std::shared_ptr<CudaWork>& work) {
   const auto start = comm::Watchdog::Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(last_mu);
+    last_work = work;
+  }
   const bool p2p =
       r.kind == CollectiveKind::kSend || r.kind == CollectiveKind::kRecv;
   const uint64_t seq = p2p ? ++next_p2p_seq : ++next_seq;
@@ -363,6 +395,7 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
     std::exception_ptr local_error;
     try {
       comm::validate(r, rank, size, desc);
+      check_p2p(r, rank, desc.str());
       if (r.kind != CollectiveKind::kBarrier) {
         TUTTI_ARG_CHECK(r.input.device() == Device::cuda(device) &&
                             r.output.device() == Device::cuda(device),
@@ -503,11 +536,12 @@ NcclCommunicator::~NcclCommunicator() { close(); }
 std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
     std::shared_ptr<mpi::MpiCommunicator> host, int device,
     const std::string& name) {
-  auto impl = std::make_shared<NcclCommunicatorImpl>(host, device, name);
-  impl->rank = host ? host->rank() : 0;
-  impl->size = host ? host->size() : 1;
+  // The unique id first: its broadcast is a checked host collective bounded
+  // by TUTTI_TIMEOUT, so a missing rank fails it here, before the
+  // communicator's own setup (more host collectives, then NCCL's).
+  const int rank = host ? host->rank() : 0;
   ncclUniqueId id;
-  if (impl->rank == 0)
+  if (rank == 0)
     TUTTI_NCCL_CHECK(ncclGetUniqueId(&id), "creating NCCL communicator '", name,
                      "'");
   if (host) {
@@ -516,6 +550,9 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(
     o.name = "ncclUniqueId";
     host->broadcast(t, 0, o);
   }
+  auto impl = std::make_shared<NcclCommunicatorImpl>(host, device, name);
+  impl->rank = rank;
+  impl->size = host ? host->size() : 1;
   cuda::DeviceGuard g(device);
   const double timeout_s = impl->settings.get().timeout_s;
   ncclConfig_t config = nonblocking_config();
@@ -552,6 +589,15 @@ int NcclCommunicator::size() const { return impl_->size; }
 std::string NcclCommunicator::name() const { return impl_->name; }
 int NcclCommunicator::device() const { return impl_->device; }
 void NcclCommunicator::drain() { impl_->engine.drain(); }
+void NcclCommunicator::synchronize() {
+  impl_->engine.drain();
+  std::shared_ptr<CudaWork> last;
+  {
+    std::lock_guard<std::mutex> lock(impl_->last_mu);
+    last = impl_->last_work;
+  }
+  if (last) last->synchronize();  // bounded by the watchdog; rethrows its error
+}
 void NcclCommunicator::close() { impl_->close(); }
 bool NcclCommunicator::broken() const { return impl_->watchdog.broken(); }
 

@@ -54,7 +54,11 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<NcclCommunicator> split_with(
       int color, int key, std::shared_ptr<mpi::MpiCommunicator> host_child,
       const std::string& name);
+  // Waits until the engine has enqueued everything submitted so far.
   void drain();
+  // Waits until everything submitted so far has completed on the GPU
+  // (bounded by the watchdog); rethrows the newest op's error.
+  void synchronize();
   // Waits for the ops in flight, then finalises the NCCL communicator
   // (aborts it if that does not finish within TUTTI_TIMEOUT).  Idempotent.
   void close();

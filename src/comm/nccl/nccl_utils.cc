@@ -7,6 +7,18 @@
 namespace tutti {
 namespace nccl {
 
+void check_p2p(const OpRequest& r, int rank, const std::string& desc) {
+  if (r.kind != CollectiveKind::kSend && r.kind != CollectiveKind::kRecv) return;
+  TUTTI_ARG_CHECK(r.tag == 0, desc, ": tag ", r.tag, " on an NCCL communicator, which "
+                  "matches a peer's sends and receives in the order they are posted and "
+                  "carries no tag; post them in the same order on both ranks with tag 0, "
+                  "or use host tensors (the MPI backend) for tagged messages");
+  TUTTI_ARG_CHECK(r.root != rank, desc, ": a ", r.kind == CollectiveKind::kSend ? "send to" : "receive from",
+                  " this rank itself (", rank, ") on an NCCL communicator would wait "
+                  "forever (one stream: the send waits for the receive queued behind "
+                  "it); copy the tensor instead");
+}
+
 std::string result_text(ncclResult_t r, ncclComm_t comm) {
   std::string s = ncclGetErrorString(r);
   const char* last = ncclGetLastError(comm);

@@ -35,6 +35,14 @@
 namespace tutti {
 namespace nccl {
 
+// What the NCCL communicator refuses of a send/recv that the MPI one
+// serves: a tag (NCCL matches a peer's sends and receives in posting order,
+// so tagged messages posted in different orders would be swapped silently)
+// and this rank as the peer (one communication stream: the send would wait
+// forever for the receive queued behind it).  Throws kInvalidArgument
+// naming the op `desc` and what to do instead; no-op for other kinds.
+void check_p2p(const OpRequest& r, int rank, const std::string& desc);
+
 // "unhandled system error (<NCCL's last error text>)".
 std::string result_text(ncclResult_t r, ncclComm_t comm);
 // TUTTI_NCCL_WARN's body: true for ncclSuccess, else logs and returns false.
