@@ -7,6 +7,8 @@
 #   bash scripts/gpu_overlap.sh [--out DIR] [--kit ARCHIVE|DIR] [--bench BENCH_DP]
 #                               [--budget SECONDS]
 #   ROUNDS=5 STEPS=12 RATE=1gbit NPS="2 4" BATCH=auto PYTHON=python3
+#   (WIDTHS, CAL_STEPS=4, CAL_WARMUP=2: the model and the calibration run's
+#   iterations, for a quick trial; the defaults are the measurement's)
 #
 # On a 2-core machine the ranks' compute fills every core, so whatever CPU
 # the communication needs comes out of the backward pass and bounds the
@@ -48,7 +50,9 @@ BATCH=${BATCH:-auto}
 PYTHON=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
 PREFIX=${OVERLAP_PREFIX:-tzgo}
 SUBNET=10.231.$((100 + RANDOM % 100))
-WIDTHS=64$(printf ',512%.0s' $(seq 16)),16   # run_overlap.sh's rig model
+WIDTHS=${WIDTHS:-64$(printf ',512%.0s' $(seq 16)),16}   # run_overlap.sh's rig model
+CAL_STEPS=${CAL_STEPS:-4}     # the calibration run's measured iterations per phase
+CAL_WARMUP=${CAL_WARMUP:-2}
 CAP_MB=1
 FACTOR=1.8   # compute / comm the calibrated batch aims at
 while [ $# -gt 0 ]; do
@@ -156,7 +160,7 @@ for np in $NPS; do
   t0=$SECONDS
   cal_cmd=("$ROOT/scripts/netns_cluster.sh" run --prefix "$PREFIX" --np "$np" --per-host "$per_host" --
            --bind-to none -x OPENBLAS_NUM_THREADS=1 "$BIN" --widths "$WIDTHS" --batch 128
-           --steps 4 --warmup 2 --cap-mb "$CAP_MB" --bucket-view 1)
+           --steps "$CAL_STEPS" --warmup "$CAL_WARMUP" --cap-mb "$CAP_MB" --bucket-view 1)
   echo "\$ ${cal_cmd[*]}" >> "$LOG"
   cal=$(timeout --kill-after=10 $(( $(left) > 150 ? 150 : $(left) )) "${cal_cmd[@]}" 2>> "$LOG" | grep '^{' | tail -1)
   cal_s=$((SECONDS - t0))
@@ -166,12 +170,12 @@ for np in $NPS; do
   if [ "$batch" = auto ]; then
     batch=$("$PYTHON" -c "b = 128 * $FACTOR * $comm / max($compute, 1e-3); print(max(16, min(16384, int(round(b / 16)) * 16)))")
   fi
-  add "" "Calibration (tutti, batch 128, 4 iterations per phase, ${cal_s} s): compute $compute ms, comm $comm ms -> batch **$batch** per rank (128 x $FACTOR x comm / compute: backward ~ 1.2 x comm)."
+  add "" "Calibration (tutti, batch 128, $CAL_STEPS iterations per phase, ${cal_s} s): compute $compute ms, comm $comm ms -> batch **$batch** per rank (128 x $FACTOR x comm / compute: backward ~ 1.2 x comm)."
   # Estimate: each run starts (the calibration's start-up, twice for
   # PyTorch's import) and runs 4 phases x (2 warm-up + STEPS) iterations of
   # about 1.7 x comm each at the calibrated batch.
   est=$("$PYTHON" -c "
-start = max($cal_s - 24 * ($compute + $comm) / 2 / 1000, 2)
+start = max($cal_s - 4 * ($CAL_STEPS + $CAL_WARMUP) * ($compute + $comm) / 2 / 1000, 2)
 it = 1.7 * $comm / 1000
 print(int($ROUNDS * (start * 2.5 + 2 * 4 * (2 + $STEPS) * it) * 1.2))")
   if [ "$est" -gt $(( $(left) - 15 )) ]; then
