@@ -22,7 +22,7 @@ void ProgressEngine::submit(std::function<void()> task, bool blocking) {
   if (stopping_)
     TUTTI_THROW(kAborted, "communicator '", name_, "' is closed: an operation "
                 "submitted while or after it closed will never run");
-  if (!thread_.joinable() && !stopping_) {
+  if (!thread_.joinable()) {
     thread_ = std::thread([this] { loop(); });
   }
   queue_.push_back(std::move(task));

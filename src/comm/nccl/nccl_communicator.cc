@@ -135,11 +135,12 @@ class NcclCommunicatorImpl {
     if (host) {
       // Phase 1 of the check is posted by the engine, phase 2 by whichever
       // thread finds a disagreement: separate communicators keep each one's
-      // collectives in one order on every rank.  MPI_Comm_dup is collective
-      // on the host communicator: in order with its other operations.
-      // Non-blocking duplicates waited for up to TUTTI_TIMEOUT: a rank that
-      // is gone (or took another path) must end in an error here, not in
-      // MPI_Comm_dup forever while the group's lock is held.
+      // collectives in one order on every rank.  Duplicating is collective
+      // on the host communicator, so it runs in order with its other
+      // operations, non-blocking (MPI_Comm_idup) and waited for up to
+      // TUTTI_TIMEOUT: a rank that is gone (or took another path) must end
+      // in an error here, not in MPI_Comm_dup forever while the group's lock
+      // is held.
       uint64_t id = 0;
       const double timeout_s = settings.get().timeout_s;
       host->run_ordered([this, &id, timeout_s] {
