@@ -101,6 +101,17 @@ void ShardedOptimizerImpl::build_layout() {
   const bool pool_gathers = !opt_.overlap_all_gather && opt_.gather_buffers > 0 &&
                             opt_.gather_buffers * gather_slot_bytes_ < all;
   if (!pool_gathers) gather_slot_bytes_ = 0;
+#if TUTTI_WITH_CUDA
+  // The master casts (setup_bucket, on the legacy stream) read the
+  // parameters only after all work queued on the device so far: their
+  // broadcast may have been made to wait on a non-blocking stream, which
+  // the legacy stream does not follow.  Once per layout; each bucket's
+  // casts are synchronized at its end.
+  if (!reducer_.buckets().empty() && reducer_.buckets().front().device.is_cuda()) {
+    cuda::DeviceGuard g(reducer_.buckets().front().device.index);
+    TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#endif
   for (int b = 0; b < static_cast<int>(reducer_.buckets().size()); ++b)
     setup_bucket(b, pool_gathers);
   if (pool_gathers) {
@@ -232,14 +243,8 @@ void ShardedOptimizerImpl::setup_bucket(int index, bool pool_gathers) {
 
   // CUDA: every call below on the bucket's device, whatever the calling
   // thread's current device (the constructor, or remap() inside the
-  // reducer's synchronize()); and the master casts read the parameters only
-  // after all work queued on the device so far (their broadcast may have
-  // been made to wait on a non-blocking stream, which the legacy stream
-  // used by the casts does not follow).
+  // reducer's synchronize()).
   cuda::OptionalDeviceGuard device(l.device);
-#if TUTTI_WITH_CUDA
-  if (l.device.is_cuda()) TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
-#endif
   z.master.allocate(l.device, DType::kFloat32, z.owned, pool_);
   z.states.resize(static_cast<size_t>(optim::num_states(hyper_.kind)));
   for (auto& st : z.states) st.allocate(l.device, DType::kFloat32, z.owned, pool_);
