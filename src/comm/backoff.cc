@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "tutti/config.h"
@@ -40,6 +41,8 @@ void Backoff::pause(const Step& step) {
 
 namespace {
 
+std::atomic<bool> g_oversubscribed{false};
+
 // The three wait settings, re-read when the settings generation changes
 // (cached per thread: waits run on several threads and must not share a
 // lock).
@@ -47,16 +50,20 @@ struct WaitSettings {
   int64_t cap_us = 1000;
   int spins = Backoff::kSpinPolls;
   int64_t yield_us = Backoff::kYieldUs;
+  bool oversubscribed = false;
 };
 
 const WaitSettings& wait_settings() {
   thread_local uint64_t generation = ~uint64_t{0};
   thread_local WaitSettings value;
   const uint64_t g = config::generation();
-  if (g != generation) {
+  const bool over = oversubscribed();
+  if (g != generation || over != value.oversubscribed) {
     value.cap_us = config::get_int("TUTTI_MPI_WAIT_SLEEP_US");
     value.spins = static_cast<int>(config::get_int("TUTTI_MPI_WAIT_SPINS"));
-    value.yield_us = config::get_int("TUTTI_MPI_WAIT_YIELD_US");
+    value.yield_us =
+        effective_yield_us(config::get_int("TUTTI_MPI_WAIT_YIELD_US"), over);
+    value.oversubscribed = over;
     generation = g;
   }
   return value;
@@ -70,6 +77,17 @@ Backoff Backoff::from_settings() {
 }
 
 int64_t wait_sleep_cap_us() { return wait_settings().cap_us; }
+
+void set_oversubscribed(bool oversubscribed) {
+  g_oversubscribed.store(oversubscribed, std::memory_order_relaxed);
+}
+
+bool oversubscribed() { return g_oversubscribed.load(std::memory_order_relaxed); }
+
+int64_t effective_yield_us(int64_t setting, bool oversubscribed) {
+  if (setting >= 0) return setting;
+  return oversubscribed ? Backoff::kOversubscribedYieldUs : Backoff::kYieldUs;
+}
 
 }  // namespace comm
 }  // namespace tutti

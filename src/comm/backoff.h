@@ -13,6 +13,12 @@
 //     completion is seen at most one sleep late, so the added latency is
 //     bounded by min(time already waited, the cap).
 // A cap <= 0 keeps phase 2 for the whole wait (the former busy wait).
+// When more ranks share the machine than it has cores (mpirun
+// --oversubscribe), phase 2 lasts kOversubscribedYieldUs by default: there
+// a sleeping waiter wakes late behind its busy peers, and a small
+// collective's latency grew ~5x (tests/compression convergence at 4 ranks
+// on 2 cores: 34 s with 200 us, 6-7 s with 1-5 ms); yielding costs little
+// CPU there, since a peer is always ready to take the core.
 // The policy is a pure function of the poll count and the clock, so tests
 // drive it with a fake clock (tests/comm/test_comm_units.cc).
 #pragma once
@@ -28,6 +34,7 @@ class Backoff {
   using Clock = std::chrono::steady_clock;
   static constexpr int kSpinPolls = 64;
   static constexpr int64_t kYieldUs = 200;
+  static constexpr int64_t kOversubscribedYieldUs = 2000;
   static constexpr int64_t kFirstSleepUs = 20;
 
   enum class Kind { kSpin, kYield, kSleep };
@@ -41,7 +48,8 @@ class Backoff {
 
   // cap_us: the longest sleep (wait_sleep_cap_us() for the setting);
   // spin_polls and yield_us: phases 1 and 2 (TUTTI_MPI_WAIT_SPINS and
-  // TUTTI_MPI_WAIT_YIELD_US; the defaults are theirs).
+  // TUTTI_MPI_WAIT_YIELD_US; the defaults are theirs on a machine with a
+  // core per rank).
   explicit Backoff(int64_t cap_us, int spin_polls = kSpinPolls,
                    int64_t yield_us = kYieldUs)
       : cap_us_(cap_us), spin_polls_(spin_polls < 0 ? 0 : spin_polls),
@@ -72,6 +80,15 @@ class Backoff {
 // (cached per thread: waits run on several threads and must not share a
 // lock).
 int64_t wait_sleep_cap_us();
+
+// Whether more ranks run on this machine than it has cores: init() sets it
+// from the node group's size.  TUTTI_MPI_WAIT_YIELD_US=-1 (the default)
+// then means kOversubscribedYieldUs instead of kYieldUs.
+void set_oversubscribed(bool oversubscribed);
+bool oversubscribed();
+// The yield phase a setting gives: the setting itself when >= 0, else the
+// default for `oversubscribed`.
+int64_t effective_yield_us(int64_t setting, bool oversubscribed);
 
 }  // namespace comm
 }  // namespace tutti

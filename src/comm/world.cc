@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/backoff.h"
 #include "comm/mpi/status_service.h"
 #include "comm/process_group_impl.h"
 #include "comm/registry.h"
@@ -143,6 +144,10 @@ void init(const InitOptions& options) {
     s.local_size = 1;
   }
   set_blas_threads(s.local_size);
+  // More ranks than cores here: waits yield longer before they sleep
+  // (comm/backoff.h).
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  comm::set_oversubscribed(cores > 0 && s.local_size > cores);
   s.initialized = true;
   if (!s.atexit_registered) {
     std::atexit(shutdown_at_exit);

@@ -58,7 +58,7 @@ const std::vector<SettingInfo> kSettings = {
      "pending MPI request, and on the NCCL path an enqueue, init or split "
      "settling, a synchronize() waiting for the kernel, and the watchdog's "
      "passes over unchanged ops in flight. A wait spins briefly, yields for "
-     "200 us, then sleeps with exponential backoff (20 us doubling up to "
+     "200 us (TUTTI_MPI_WAIT_YIELD_US), then sleeps with exponential backoff (20 us doubling up to "
      "this), so a long wait costs little CPU; a completion is noticed at "
      "most one sleep late. 0: yield between polls for the whole wait (a busy "
      "wait: lowest latency, a core per waiting thread)."},
@@ -68,9 +68,12 @@ const std::vector<SettingInfo> kSettings = {
      "TUTTI_MPI_WAIT_YIELD_US cost less CPU per wait (data-parallel buckets "
      "on a CPU-bound machine: bench/RESULTS.md) but add latency to small "
      "collectives, most of all with more ranks than cores."},
-    {"TUTTI_MPI_WAIT_YIELD_US", "int", "200",
+    {"TUTTI_MPI_WAIT_YIELD_US", "int", "-1",
      "Microseconds a host wait polls with sched_yield() between polls, after "
-     "its spins and before its sleeps (see TUTTI_MPI_WAIT_SPINS)."},
+     "its spins and before its sleeps (see TUTTI_MPI_WAIT_SPINS). -1: 200, or "
+     "2000 when more ranks run on the machine than it has cores (mpirun "
+     "--oversubscribe), where a sleeping waiter wakes late behind its busy "
+     "peers."},
     {"TUTTI_EXIT_ON_COMM_FAILURE", "bool", "0",
      "When a communicator breaks because a peer or the network failed (a "
      "timeout, an NCCL asynchronous error), log the error and end the "

@@ -301,6 +301,41 @@ TEST(Backoff, SpinsAndYieldFollowTheSettings) {
   EXPECT_EQ(d.next(now).kind, Backoff::Kind::kYield);
 }
 
+// The yield phase's default depends on whether the machine runs more ranks
+// than it has cores; an explicit setting wins either way.
+int yields_before_sleep() {
+  Backoff b = Backoff::from_settings();
+  auto now = Backoff::Clock::time_point{} + std::chrono::seconds(1);
+  int yields = 0;
+  for (int i = 0; i < 100000; ++i) {  // 1 us per poll
+    const Backoff::Step s = b.next(now);
+    if (s.kind == Backoff::Kind::kSleep) return yields;
+    if (s.kind == Backoff::Kind::kYield) ++yields;
+    now += us(1);
+  }
+  return -1;
+}
+
+TEST(Backoff, YieldsLongerWhenRanksOutnumberCores) {
+  const bool was = comm::oversubscribed();
+  comm::set_oversubscribed(false);
+  EXPECT_EQ(yields_before_sleep(), Backoff::kYieldUs);
+  comm::set_oversubscribed(true);
+  EXPECT_EQ(yields_before_sleep(), Backoff::kOversubscribedYieldUs);
+  EXPECT_GT(Backoff::kOversubscribedYieldUs, Backoff::kYieldUs);
+  setenv("TUTTI_MPI_WAIT_YIELD_US", "30", 1);
+  config::reload();
+  EXPECT_EQ(yields_before_sleep(), 30) << "an explicit setting wins";
+  comm::set_oversubscribed(false);
+  EXPECT_EQ(yields_before_sleep(), 30);
+  setenv("TUTTI_MPI_WAIT_YIELD_US", "-1", 1);
+  config::reload();
+  EXPECT_EQ(yields_before_sleep(), Backoff::kYieldUs) << "-1 is the default";
+  unsetenv("TUTTI_MPI_WAIT_YIELD_US");
+  config::reload();
+  comm::set_oversubscribed(was);
+}
+
 // A real wait of 30 ms under the policy sleeps for most of it: few polls
 // (a yielding wait polls tens of thousands of times).
 TEST(Backoff, LongWaitPollsRarely) {
