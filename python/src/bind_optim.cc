@@ -14,9 +14,7 @@
 
 namespace tutti {
 namespace py {
-namespace {
-
-optim::Kind parse_kind(const std::string& s) {
+optim::Kind parse_optim_kind(const std::string& s) {
   if (s == "sgd") return optim::Kind::kSgd;
   if (s == "adam") return optim::Kind::kAdam;
   if (s == "adamw") return optim::Kind::kAdamW;
@@ -24,12 +22,28 @@ optim::Kind parse_kind(const std::string& s) {
               "' is not one of 'sgd', 'adam', 'adamw'");
 }
 
-}  // namespace
+optim::Hyper make_hyper(const std::string& kind, float lr, float momentum, float dampening,
+                        bool nesterov, float beta1, float beta2, float eps,
+                        float weight_decay, bool maximize) {
+  optim::Hyper h;
+  h.kind = parse_optim_kind(kind);
+  h.lr = lr;
+  h.momentum = momentum;
+  h.dampening = dampening;
+  h.nesterov = nesterov;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.maximize = maximize;
+  return h;
+}
 
 void bind_optim(pyb::module_& parent) {
   pyb::module_ m = parent.def_submodule(
       "optim", "Fused multi-tensor SGD/Adam/AdamW step (use tutti.optim)");
-  m.def("num_states", [](const std::string& kind) { return optim::num_states(parse_kind(kind)); },
+  m.def("num_states",
+        [](const std::string& kind) { return optim::num_states(parse_optim_kind(kind)); },
         pyb::arg("kind"), "State tensors per parameter: sgd 1, adam/adamw 2.");
   m.def(
       "step",
@@ -38,17 +52,8 @@ void bind_optim(pyb::module_& parent) {
          float eps, float weight_decay, bool maximize, int64_t step, float grad_scale,
          pyb::handle model_copies, int64_t stream,
          std::optional<std::vector<std::string>> names) {
-        optim::Hyper h;
-        h.kind = parse_kind(kind);
-        h.lr = lr;
-        h.momentum = momentum;
-        h.dampening = dampening;
-        h.nesterov = nesterov;
-        h.beta1 = beta1;
-        h.beta2 = beta2;
-        h.eps = eps;
-        h.weight_decay = weight_decay;
-        h.maximize = maximize;
+        optim::Hyper h = make_hyper(kind, lr, momentum, dampening, nesterov, beta1, beta2,
+                                    eps, weight_decay, maximize);
         h.step = step;
         auto p = import_tensors(params, "params");
         auto g = import_tensors(grads, "grads");

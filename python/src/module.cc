@@ -16,6 +16,7 @@ PYBIND11_MODULE(_C, m) {
   tutti::py::bind_dp(m);
   tutti::py::bind_amp(m);
   tutti::py::bind_optim(m);
+  tutti::py::bind_zero(m);  // after Reducer and Stateful
   tutti::py::bind_tp(m);
   tutti::py::bind_checkpoint(m);
   tutti::py::bind_preemption(m);

@@ -11,7 +11,8 @@ Every collective is also available on any ProcessGroup (``g.split(...)``).
 Errors are ``tutti.Error`` subclasses carrying the rank, the operation and
 what was expected.
 
-Areas: ``tutti.Reducer`` (data-parallel gradient bucketing),
+Areas: ``tutti.Reducer`` (data-parallel gradient bucketing) and
+``tutti.ShardedOptimizer`` (ZeRO-1/2 over it),
 ``tutti.amp`` (loss scaling, fused unscale/check, clipping, casts),
 ``tutti.ProcessMesh`` and ``tutti.tensor_parallel`` (Megatron-style layers),
 ``tutti.compression`` (gradient compressors), and ``tutti.torch``
@@ -33,6 +34,7 @@ from ._C import (  # noqa: F401  (re-exported API)
     ProcessMesh,
     Reducer,
     ReduceOp,
+    ShardedOptimizer,
     Stateful,
     TensorView,
     TimeoutError,
