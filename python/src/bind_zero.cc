@@ -21,9 +21,8 @@ namespace py {
 namespace {
 
 pyb::dict hyper_to_dict(const optim::Hyper& h) {
-  static const char* kKinds[] = {"sgd", "adam", "adamw"};
   pyb::dict d;
-  d["kind"] = kKinds[static_cast<int>(h.kind)];
+  d["kind"] = optim::kind_name(h.kind);
   d["lr"] = h.lr;
   d["momentum"] = h.momentum;
   d["dampening"] = h.dampening;
