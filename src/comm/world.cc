@@ -50,10 +50,9 @@ void shutdown_at_exit() {
   }
 }
 
-void set_blas_threads(int local_size) {
+void set_blas_threads(int local_size, int cores) {
   if (std::getenv("OPENBLAS_NUM_THREADS") || std::getenv("OMP_NUM_THREADS"))
     return;  // the user decided
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
   blas::set_num_threads(std::max(1, cores / std::max(1, local_size)));
 }
 
@@ -143,10 +142,11 @@ void init(const InitOptions& options) {
     s.local_rank = 0;
     s.local_size = 1;
   }
-  set_blas_threads(s.local_size);
-  // More ranks than cores here: waits yield longer before they sleep
+  // The machine's cores split among this node's ranks: BLAS threads, and
+  // with more ranks than cores, waits that yield longer before they sleep
   // (comm/backoff.h).
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  set_blas_threads(s.local_size, cores);
   comm::set_oversubscribed(cores > 0 && s.local_size > cores);
   s.initialized = true;
   if (!s.atexit_registered) {
