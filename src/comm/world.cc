@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/runtime_state.h"
+#include "core/stream_cache.h"
 #include "core/timeline.h"
 #include "preemption/leaving.h"
 #include "tutti/config.h"
@@ -35,6 +36,7 @@ struct WorldState {
   std::vector<std::weak_ptr<mpi::MpiCommunicator>> mpi_comms;
   std::vector<std::weak_ptr<nccl::NcclCommunicator>> nccl_comms;
   std::atomic<bool> any_poisoned{false};
+  bool at_exit = false;  // shutdown() called by the atexit handler
 };
 
 WorldState& state() {
@@ -44,6 +46,7 @@ WorldState& state() {
 
 void shutdown_at_exit() {
   try {
+    state().at_exit = true;
     shutdown();
   } catch (const std::exception& e) {
     TUTTI_LOG(kError) << "shutdown at exit failed: " << e.what();
@@ -183,6 +186,10 @@ void shutdown() {
     c->close();
   }
   s.world.reset();
+  // The per-stream cuBLAS handles and workspaces and other device scratch
+  // (core/stream_cache.h), now that no collective uses them.  Not from the
+  // atexit handler: the CUDA runtime may have been torn down before it.
+  if (!s.at_exit) release_stream_caches();
   timeline::stop();  // after the last collective ended, before MPI goes
   if (s.use_mpi) {
     mpi::StatusService::instance().stop();

@@ -34,19 +34,27 @@ void check_cublas(cublasStatus_t s, const char* what) {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 struct StreamBlas {
+  int device = -1;
   cublasHandle_t handle = nullptr;
   cuda::DeviceBuffer workspace;
   ~StreamBlas() {
-    if (handle) cublasDestroy(handle);
+    if (!handle) return;
+    try {
+      cuda::DeviceGuard g(device);  // the device the handle was created on
+      cublasDestroy(handle);
+    } catch (...) {  // a destructor: the guard's failure is not raised
+    }
   }
 };
 
 StreamCache<StreamBlas>::Entry& blas_for(int device, cudaStream_t stream) {
   static StreamCache<StreamBlas>* cache = new StreamCache<StreamBlas>();
   // Never destroyed: handles outliving the CUDA runtime at exit would fail
-  // in cublasDestroy.
+  // in cublasDestroy.  tutti::shutdown() releases the handles and
+  // workspaces (release_stream_caches()).
   return cache->get(device, stream, [&] {
     auto b = std::make_unique<StreamBlas>();
+    b->device = device;
     b->workspace = cuda::DeviceBuffer(device, kWorkspaceBytes);
     check_cublas(cublasCreate(&b->handle), "cublasCreate");
     check_cublas(cublasSetStream(b->handle, stream), "cublasSetStream");

@@ -50,6 +50,28 @@ TEST(StreamCache, AFailedBuildIsRetried) {
   EXPECT_EQ(*cache.get(0, &stream, [] { return std::make_unique<int>(7); }).value, 7);
 }
 
+TEST(StreamCache, ReleasedValuesAreFreedAndBuiltAgainOnTheNextGet) {
+  StreamCache<int> cache;
+  int made = 0;
+  auto make = [&] { return std::make_unique<int>(++made); };
+  int s1 = 0, s2 = 0;
+  auto& a = cache.get(0, &s1, make);
+  cache.get(0, &s2, make);
+  release_stream_caches();  // what tutti::shutdown() calls
+  EXPECT_EQ(a.value, nullptr) << "the value is freed, the entry stays";
+  EXPECT_EQ(cache.size(), 2u);
+  auto& again = cache.get(0, &s1, make);
+  EXPECT_EQ(&again, &a) << "same entry after the release";
+  ASSERT_NE(again.value, nullptr);
+  EXPECT_EQ(*again.value, 3) << "built anew";
+  {
+    StreamCache<int> gone;  // unregisters when destroyed
+    gone.get(0, &s1, make);
+  }
+  release_stream_caches();  // must not touch the destroyed cache
+  EXPECT_EQ(a.value, nullptr);
+}
+
 TEST(StreamCache, ConcurrentGetsBuildEachEntryOnce) {
   StreamCache<int> cache;
   std::atomic<int> made{0};
