@@ -1,12 +1,15 @@
 // The NCCL watchdog on a device (label gpu), driven by nccl_watchdog_test.sh
 // (and exit_code_test.sh for the exit status).  One rank per GPU; exits 77
 // without a device or with fewer GPUs than ranks on this host.
-//   unmatched_send  np 1: rank 0 sends to itself and nobody receives; the
-//                   caller only calls Work::wait() (which never blocks the
-//                   host), yet the watchdog must abort the communicator
-//                   within the op's timeout, the work must carry kTimeout
-//                   naming "send #1", later ops kAborted, and the caller's
-//                   stream must drain.
+//   held_stream     np 1: the caller's stream is held by a spinning kernel
+//                   (stream_hold.h), so an all-reduce ordered after it can
+//                   never complete: a hang on the device, as when a peer
+//                   never arrives.  The caller only calls Work::wait()
+//                   (which never blocks the host), yet the watchdog must
+//                   abort the communicator within the op's timeout, the
+//                   work must carry kTimeout naming "allreduce #1", later
+//                   ops kAborted, and once released the caller's stream
+//                   must drain.
 //   stopped_peer    np 2: rank 1 stops submitting; rank 0's all-reduce must
 //                   fail with kTimeout naming "allreduce #1" and rank 1
 //                   as never arrived (asked over the MPI side channel).
@@ -22,6 +25,7 @@
 #include <thread>
 
 #include "comm/nccl/nccl_communicator.h"
+#include "stream_hold.h"
 #include "tutti/tutti.h"
 
 namespace {
@@ -105,31 +109,47 @@ int run(const std::string& mode) {
   o.timeout_s = timeout;
   DeviceBuffer buf(4096);
 
-  if (mode == "unmatched_send") {
+  if (mode == "held_stream") {
     Tensor t(buf.p, DType::kFloat32, Shape{256}, Device::cuda(device));
-    WorkPtr work = w->send_async(t, 0, 0, o);
+    // Held for at most 60 s: past the 3 s timeout, short of the test's limit.
+    tutti_test::StreamHold hold(stream, 60);
+    if (hold.error() != cudaSuccess) {
+      fail(std::string("the holding kernel did not launch: ") +
+           cudaGetErrorString(hold.error()));
+      return 1;
+    }
+    const auto submitted = Clock::now();
+    WorkPtr work = w->allreduce_async(t, ReduceOp::kSum, o);
     try {
       work->wait();  // returns at once: only the stream waits
     } catch (const Error& e) {
-      // NCCL may hold the enqueue itself in ncclInProgress (no peer for the
-      // connection): then the engine's bounded wait fails it the same way.
       std::printf("note rank %d: wait() raised %s\n", rank_, e.what());
     }
-    const auto give_up = Clock::now() + std::chrono::seconds(60);
+    const auto give_up = Clock::now() + std::chrono::seconds(30);
     while (!nccl->broken() && Clock::now() < give_up)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (nccl->broken())
-      ok("the watchdog aborted the communicator with nobody synchronising");
+    const double after_s =
+        std::chrono::duration<double>(Clock::now() - submitted).count();
+    if (nccl->broken() && after_s >= timeout - 0.1)
+      ok("the watchdog aborted the communicator with nobody synchronising, after " +
+         std::to_string(after_s) + " s");
+    else if (nccl->broken())
+      fail("the communicator was aborted after " + std::to_string(after_s) +
+           " s, before the op's 3 s timeout");
     else
-      fail("the communicator was not aborted within 60 s");
+      fail("the communicator was not aborted within 30 s");
     expect_error("synchronize", ErrorCode::kTimeout,
-                 {"send #1 'probe'", "within 3 s", "was aborted"},
+                 {"allreduce #1 'probe'", "within 3 s", "was aborted"},
                  [&] { work->synchronize(); });
     expect_error("a later op", ErrorCode::kAborted,
-                 {"allreduce #1", "is unusable after an earlier failure", "send #1"},
+                 {"allreduce #2", "is unusable after an earlier failure", "allreduce #1"},
                  [&] { w->allreduce_async(t, ReduceOp::kSum, o)->wait(); });
+    hold.release();
     const cudaError_t drained = cudaStreamSynchronize(stream);
-    ok(std::string("the caller's stream drained: ") + cudaGetErrorString(drained));
+    if (drained == cudaSuccess)
+      ok("the caller's stream drained once released");
+    else
+      fail(std::string("the caller's stream did not drain: ") + cudaGetErrorString(drained));
   } else if (mode == "stopped_peer") {
     Tensor t(buf.p, DType::kFloat32, Shape{1000}, Device::cuda(device));
     if (rank_ == 1) {
@@ -164,7 +184,7 @@ int run(const std::string& mode) {
 
 int main(int argc, char** argv) {
   tutti::init();
-  const int rc = run(argc > 1 ? argv[1] : "unmatched_send");
+  const int rc = run(argc > 1 ? argv[1] : "held_stream");
   std::fflush(stdout);
   if (rc == 77) tutti::shutdown();
   return rc;
