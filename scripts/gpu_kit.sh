@@ -19,9 +19,15 @@
 #             PMIx's (pmix/lib/pmix)
 #   share/    OpenMPI's and PMIx's help files; etc/ its default MCA params
 #   include/  pybind11's headers, in case the target's pip lacks them
-#   env.sh    `. env.sh REPO`: PATH, LD_LIBRARY_PATH and OPAL_*/PMIX_* so the
-#             relocated OpenMPI finds its plugins and help files, and the
-#             ctest files pointed at this tree and the repository copy REPO
+#   repo/     the sources it was built from (no docs): test scripts, Python
+#             tests, headers for the extension built on the target
+#   wheels/   pytest and its pure-Python dependencies, for a target whose
+#             python3 lacks them
+#   env.sh    `. env.sh REPO`: PATH and OPAL_*/PMIX_* so the relocated
+#             OpenMPI finds its plugins and help files, and the ctest files
+#             pointed at this tree and the repository copy REPO; every ELF
+#             file finds the kit's libraries through its RUNPATH ($ORIGIN),
+#             so no LD_LIBRARY_PATH shadows the target's libraries
 #   KIT_INFO  commit, date, compiler, what was left out and why
 # Not packed (the target image has them): glibc, libstdc++/libgcc_s (the
 # target's are newer; ours would shadow them in torch's process), CUDA's
@@ -188,15 +194,67 @@ if grep -q MISSING "$OUT/.kit_missing"; then
   log "unresolved libraries (not packed):"; cat "$OUT/.kit_missing"
 fi
 
+# Every packed ELF file finds the kit's libraries through its own RUNPATH,
+# relative to where it lies ($ORIGIN), so that nothing else on the target
+# does: env.sh puts no kit folder on LD_LIBRARY_PATH, where the kit's
+# libcurl, libssl or libgfortran would shadow the image's own in torch's
+# process and in the compilers.  The CUDA toolkit's usual folders come last
+# (the image's libcudart, cuBLAS; NCCL from the Python wheels is found by
+# scripts/gpu_kit_load.sh where needed).
+command -v patchelf >/dev/null ||
+  { echo "gpu_kit.sh: patchelf is missing (scripts/install_deps.sh installs it)" >&2; exit 1; }
+relpath() { python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$1" "$2"; }
+declare -A RUNPATH_OF   # folder -> its RUNPATH (one relpath computation per folder)
+CUDA_RUNPATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/local/cuda/targets/x86_64-linux/lib
+patched=0
+while read -r f; do
+  is_elf "$f" || continue
+  d=$(dirname "$f")
+  [ -n "${RUNPATH_OF[$d]:-}" ] || RUNPATH_OF[$d]="\$ORIGIN/$(relpath "$KIT/lib" "$d"):\$ORIGIN/$(relpath "$KIT/build" "$d"):$CUDA_RUNPATH"
+  patchelf --set-rpath "${RUNPATH_OF[$d]}" "$f" 2>>"$OUT/.kit_patchelf" && patched=$((patched + 1))
+done < <(find "$KIT/build" "$KIT/bin" "$KIT/lib" "$KIT/pmix" -type f 2>/dev/null)
+if [ -s "$OUT/.kit_patchelf" ]; then
+  log "patchelf complained:"; sort -u "$OUT/.kit_patchelf" | head -5
+fi
+rm -f "$OUT/.kit_patchelf"
+log "RUNPATH set on $patched ELF files"
+
+# The sources the kit was built from (tracked and untracked, not ignored;
+# no docs): the ctest files' scripts and Python tests, and the headers the
+# Python extension is compiled against on the target, come from this copy,
+# so the kit stays consistent with itself whatever the working tree that
+# travels with it holds by then.
+mkdir -p "$KIT/repo"
+(cd "$SOURCE_DIR" && git ls-files -co --exclude-standard -- CMakeLists.txt include src kernels \
+   python tests scripts bench examples cmake pyproject.toml 2>/dev/null |
+   while read -r f; do [ -f "$f" ] && echo "$f"; done | tar -cf - -T -) | tar -C "$KIT/repo" -xf -
+log "source snapshot: $(find "$KIT/repo" -type f | wc -l) files"
+
+# Pure-Python wheels the Python GPU tests need (pytest and its dependencies),
+# installed on the target only where its python3 lacks them.  Downloaded
+# once into .gpukit/wheels (the archive needs them; a tree packed with
+# --no-archive, as the kit ctest does, takes what is there).
+WHEELS=$ROOT/.gpukit/wheels
+mkdir -p "$KIT/wheels" "$WHEELS"
+if [ $DO_ARCHIVE = 1 ] && ! ls "$WHEELS"/pytest-*.whl >/dev/null 2>&1; then
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" \
+    pytest pluggy iniconfig packaging pygments > "$OUT/.kit_wheels" 2>&1 ||
+    { log "warning: could not download pytest's wheels (the target must have pytest):"
+      tail -3 "$OUT/.kit_wheels"; }
+  rm -f "$OUT/.kit_wheels"
+fi
+cp "$WHEELS"/*.whl "$KIT/wheels/" 2>/dev/null || true
+
 # ---- 3. env.sh and KIT_INFO --------------------------------------------------
 cat > "$KIT/env.sh" <<'EOF'
-# Source with the repository copy's root: `. tutti-gpukit/env.sh /path/to/repo`.
-# Points PATH and LD_LIBRARY_PATH at this tree, relocates OpenMPI and PMIx,
-# and writes the ctest files with this machine's paths.
+# Source it: `. tutti-gpukit/env.sh [REPO]` (default: the kit's own source
+# snapshot, repo/, which matches the binaries).
+# Puts the kit's mpirun first on PATH, relocates OpenMPI and PMIx, and writes
+# the ctest files with this machine's paths.  No LD_LIBRARY_PATH: the kit's
+# executables and libraries find each other through their RUNPATH.
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-KIT_REPO=$(cd "${1:-$KIT/../..}" && pwd)
+KIT_REPO=$(cd "${1:-$KIT/repo}" && pwd)
 export PATH=$KIT/bin:$PATH
-export LD_LIBRARY_PATH=$KIT/lib:$KIT/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OPAL_PREFIX=$KIT OPAL_EXEC_PREFIX=$KIT OPAL_BINDIR=$KIT/bin OPAL_SBINDIR=$KIT/bin
 export OPAL_LIBEXECDIR=$KIT/bin OPAL_LIBDIR=$KIT/lib OPAL_INCLUDEDIR=$KIT/include
 export OPAL_DATAROOTDIR=$KIT/share OPAL_DATADIR=$KIT/share OPAL_SYSCONFDIR=$KIT/etc/openmpi
@@ -225,6 +283,7 @@ EOF
   echo "openmpi:  $(ompi_info 2>/dev/null | sed -n 's/^ *Open MPI: //p' | head -1)"
   echo "left out (OpenMPI plugins needing fabric stacks): ${left_out[*]:-none}"
   echo "unresolved on the build machine: $(grep -c MISSING "$OUT/.kit_missing" || true)"
+  echo "wheels:   $(cd "$KIT/wheels" && ls *.whl 2>/dev/null | tr '\n' ' ')"
 } > "$KIT/KIT_INFO"
 rm -f "$OUT/.kit_missing"
 log "tree: $KIT ($(du -sh "$KIT" | cut -f1), $(find "$KIT/build" -type f -perm -u+x | wc -l) executables, $(ls "$KIT/lib" | wc -l) libraries)"

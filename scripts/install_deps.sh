@@ -6,7 +6,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STAMP="$ROOT/.deps-stamp"
-VERSION=3   # bump when the lists below change
+VERSION=4   # bump when the lists below change
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
@@ -18,6 +18,7 @@ APT_PACKAGES=(
   python3-numpy python3-torch python3-matplotlib python3-pytest pybind11-dev
   iproute2                               # network-namespace "hosts" for multi-node tests
   clang libclang-rt-14-dev               # libFuzzer targets
+  patchelf                               # the GPU kit's RUNPATHs (scripts/gpu_kit.sh)
 )
 PIP_PACKAGES=(scikit-build-core pybind11 safetensors pytest)
 
