@@ -34,7 +34,7 @@ kit_load() {
     return 1
   fi
   # shellcheck source=/dev/null
-  . "$KIT/env.sh" ${repo:+"$repo"}
+  . "$KIT/env.sh" "${repo:-$KIT/repo}"
   cat "$KIT/KIT_INFO" >> "$log"
   # The kit's files find the kit's libraries through their RUNPATH; the
   # CUDA libraries (cudart, cuBLAS, NCCL, cuDNN) are the image's.  For each
