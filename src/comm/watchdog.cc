@@ -212,14 +212,10 @@ void Watchdog::break_with(const Error& cause, const WatchedOp* culprit) {
   }
   cv_.notify_all();
   TUTTI_LOG(kError) << cause.message();
-  if (hooks_.abort) {
-    try {
-      hooks_.abort();
-    } catch (const std::exception& e) {
-      TUTTI_LOG(kError) << "aborting the " << transport_ << " communicator '"
-                        << name_ << "' failed: " << e.what();
-    }
-  }
+  // The ops fail first, then the process-wide reaction, then the abort: the
+  // abort can block (ncclCommAbort's cudaFree waits for every kernel on the
+  // device, also one of the user's that the op was ordered after), and
+  // neither a waiting thread nor TUTTI_EXIT_ON_COMM_FAILURE may wait for it.
   const auto first = std::make_exception_ptr(cause);
   for (auto& it : items) {
     if (it.op.get() == culprit) {
@@ -233,6 +229,14 @@ void Watchdog::break_with(const Error& cause, const WatchedOp* culprit) {
                     "' broke: ", unprefixed(cause.message())))));
   }
   if (hooks_.on_broken) hooks_.on_broken(cause);
+  if (hooks_.abort) {
+    try {
+      hooks_.abort();
+    } catch (const std::exception& e) {
+      TUTTI_LOG(kError) << "aborting the " << transport_ << " communicator '"
+                        << name_ << "' failed: " << e.what();
+    }
+  }
 }
 
 bool Watchdog::broken() const {

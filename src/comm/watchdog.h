@@ -13,9 +13,11 @@
 // A timeout and a stall warning name the ranks that never arrived when the
 // backend can ask its peers (Hooks::peers; NCCL: over the MPI side channel,
 // as the MPI communicator's own timeouts do).
-// Breaking calls the abort hook (ncclCommAbort), then fails the culprit
-// with its error and every other op in flight with kAborted naming the
-// cause; later submissions fail with kAborted through throw_if_broken().
+// Breaking fails the culprit with its error and every other op in flight
+// with kAborted naming the cause, tells on_broken, and only then calls the
+// abort hook (ncclCommAbort, which can block until every kernel on the
+// device ends); later submissions fail with kAborted through
+// throw_if_broken().
 //
 // The class knows nothing of CUDA, NCCL or MPI: the hooks and WatchedOp are
 // how a backend plugs in, and tests drive poll() with fake ops and a fake

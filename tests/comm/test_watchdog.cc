@@ -142,6 +142,33 @@ TEST(Watchdog, TimeoutNamesTheExpiredOpAndItsSequenceAndAbortsOnce) {
   EXPECT_TRUE(has(h.dog->cause(), "allreduce #8")) << h.dog->cause();
 }
 
+// The abort hook (ncclCommAbort) can block: its cudaFree waits for every
+// kernel on the device, also a kernel of the user's that the timed-out op
+// was ordered after (seen on an H100, 2026-11-27: synchronize() returned
+// with no error 60 s later, once that kernel ended).  So the ops in flight
+// fail, and the process-wide reaction runs (TUTTI_EXIT_ON_COMM_FAILURE ends
+// the process there), before the abort starts.
+TEST(Watchdog, OpsFailAndOnBrokenRunsBeforeTheAbortHook) {
+  std::shared_ptr<FakeOp> op;
+  bool failed_before_abort = false, broken_before_abort = false;
+  int broken_calls = 0;
+  Watchdog::Hooks hooks;
+  hooks.on_broken = [&](const Error&) { ++broken_calls; };
+  hooks.abort = [&] {
+    failed_before_abort = op && op->error != nullptr;
+    broken_before_abort = broken_calls == 1;
+  };
+  Watchdog dog("NCCL", "world-cuda0", hooks);
+  const auto t0 = Clock::now();
+  op = std::make_shared<FakeOp>();
+  dog.add(op, 1, "allreduce #1 'grad'", 3, t0);
+  EXPECT_EQ(dog.poll(t0 + seconds(4)), 0u);
+  ASSERT_TRUE(dog.broken());
+  EXPECT_TRUE(failed_before_abort) << "a waiter must see the timeout while the abort runs";
+  EXPECT_TRUE(broken_before_abort) << "on_broken must not wait for the abort";
+  EXPECT_EQ(op->failure().first, ErrorCode::kTimeout);
+}
+
 TEST(Watchdog, LaterOpsFailAtOnceWithTheCause) {
   Harness h;
   const auto t0 = Clock::now();
