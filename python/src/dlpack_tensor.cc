@@ -74,7 +74,11 @@ PyTensor import_tensor(const pyb::handle& obj, const char* what,
     const int type = dev[0].cast<int>();
     cuda = type == kDLCUDA || type == kDLCUDAManaged;
   }
-  out.capsule = cuda ? obj.attr("__dlpack__")(pyb::arg("stream") = stream)
+  // `stream` is a CUDA stream handle, where 0 is the legacy default stream;
+  // the DLPack protocol spells that stream 1 and disallows 0 (PyTorch 2.11
+  // raises on it).  -1 (no synchronisation), 1, 2 and real handles pass.
+  const int64_t dl_stream = stream == 0 ? 1 : stream;
+  out.capsule = cuda ? obj.attr("__dlpack__")(pyb::arg("stream") = dl_stream)
                      : obj.attr("__dlpack__")();
   PyObject* cap = out.capsule.ptr();
   TUTTI_ARG_CHECK(PyCapsule_IsValid(cap, "dltensor"), what,

@@ -27,8 +27,10 @@ struct PyTensor {
 // cupy.ndarray, jax.Array) as a contiguous tensor.  `what` names the argument
 // in errors ("tensor", "output").  Non-contiguous, lane-vectorised, complex
 // or bool tensors, and unsupported devices, are Error(kInvalidArgument) with
-// the offending property named.  `stream` is passed to __dlpack__ for CUDA
-// producers (-1: no synchronisation requested, the caller orders streams).
+// the offending property named.  `stream` (a CUDA stream handle; 0 is the
+// legacy default stream, passed as DLPack's 1) is passed to __dlpack__ for
+// CUDA producers (-1: no synchronisation requested, the caller orders
+// streams).
 PyTensor import_tensor(const pyb::handle& obj, const char* what,
                        int64_t stream = -1);
 
