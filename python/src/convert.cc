@@ -103,10 +103,13 @@ void copy_into(const Tensor& src, const Tensor& dst, const std::string& what) {
   convert(host_src, src.dtype(), converted.data(), dst.dtype(),
           static_cast<size_t>(dst.numel()));
   cuda::DeviceGuard guard(dst.device().index);
-  const cudaError_t e =
-      cudaMemcpy(dst.data(), converted.data(), dst.nbytes(), cudaMemcpyHostToDevice);
-  TUTTI_ARG_CHECK(e == cudaSuccess, what, ": copying to ", dst.str(), ": ",
-                  cudaGetErrorString(e));
+  // On the device when this returns (a plain cudaMemcpy from pageable
+  // memory may return before the DMA lands).
+  try {
+    cuda::copy_to_device_sync(dst.data(), converted.data(), dst.nbytes());
+  } catch (const Error& err) {
+    TUTTI_THROW(kInvalidArgument, what, ": copying to ", dst.str(), ": ", err.message());
+  }
 #else
   TUTTI_THROW(kUnsupported, what, ": this build of tutti has no CUDA support");
 #endif

@@ -42,7 +42,8 @@ void copy_out(const Tensor& dst, uint64_t dst_byte, const unsigned char* src, si
   }
 #if TUTTI_WITH_CUDA
   cuda::DeviceGuard guard(dst.device().index);
-  TUTTI_CUDA_CHECK(cudaMemcpy(to, src, n, cudaMemcpyHostToDevice));
+  // On the device when load() returns, whatever stream reads it next.
+  cuda::copy_to_device_sync(to, src, n);
 #else
   TUTTI_THROW(kUnsupported, "a checkpoint load reached a tensor on ",
               dst.device().str(), " in a build without CUDA support");

@@ -158,8 +158,9 @@ void PowerSgdCompressor::on_setup(const BucketLayout& l) {
   } else {
 #if TUTTI_WITH_CUDA
     cuda::DeviceGuard g(l.device.index);
-    TUTTI_CUDA_CHECK(cudaMemcpy(s.q.data(), q0.data(), q0.size() * 4,
-                                cudaMemcpyHostToDevice));
+    // Landed before it returns: the first encode reads Q on the bucket's
+    // (non-blocking) stream.
+    cuda::copy_to_device_sync(s.q.data(), q0.data(), q0.size() * 4);
     // The orthonormalisation of every slot runs as one launch (a block per
     // slot) from this table.
     std::vector<kernels::PowerSgdOrthoSlot> table;
@@ -167,8 +168,7 @@ void PowerSgdCompressor::on_setup(const BucketLayout& l) {
       table.push_back({sl.p_off, sl.m, sl.r, sl.stream});
     s.ortho = DeviceArray(l.device, table.size() * sizeof(table[0]));
     if (!table.empty())
-      TUTTI_CUDA_CHECK(cudaMemcpy(s.ortho.data(), table.data(),
-                                  s.ortho.bytes(), cudaMemcpyHostToDevice));
+      cuda::copy_to_device_sync(s.ortho.data(), table.data(), s.ortho.bytes());
 #endif
   }
   states_.emplace(l.id, std::move(s));

@@ -267,6 +267,12 @@ void DeviceBuffer::reset() {
   bytes_ = 0;
 }
 
+void copy_to_device_sync(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  TUTTI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  TUTTI_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+}
+
 int pointer_device(const void* p) {
   cudaPointerAttributes attr;
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {

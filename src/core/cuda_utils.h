@@ -181,6 +181,15 @@ class DeviceBuffer {
 // Device of a pointer (cudaPointerGetAttributes), -1 for host memory.
 int pointer_device(const void* p);
 
+// Copies `bytes` from host memory to the device and returns once they are
+// there.  A plain cudaMemcpy from pageable memory returns once the bytes
+// are staged, possibly before the DMA lands (CUDA's "API synchronization
+// behavior"), and a kernel on a non-blocking stream could then read the old
+// bytes: this one also waits for the legacy default stream that carries the
+// DMA.  For set-up paths (checkpoint loads, initial states), not hot loops.
+// The caller holds a guard for the destination's device.
+void copy_to_device_sync(void* dst, const void* src, size_t bytes);
+
 // Called by every kernel launcher right after its launch (through
 // TUTTI_LAUNCH_CHECK): raises the launch error, if any, with the launcher's
 // file:line.  With device_check_enabled() it also enforces the device

@@ -153,7 +153,7 @@ cuda::DeviceBuffer upload_to_device(int device, const void* host, size_t bytes) 
   cuda::DeviceBuffer b(device, bytes);
   if (bytes) {
     cuda::DeviceGuard g(device);
-    TUTTI_CUDA_CHECK(cudaMemcpy(b.data(), host, bytes, cudaMemcpyHostToDevice));
+    cuda::copy_to_device_sync(b.data(), host, bytes);
   }
   return b;
 }

@@ -68,12 +68,9 @@ void copy_from_host(const Tensor& dst, const void* src) {
   if (dst.is_cuda()) {
 #if TUTTI_WITH_CUDA
     cuda::DeviceGuard g(dst.device().index);
-    TUTTI_CUDA_CHECK(
-        cudaMemcpy(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice));
-    // From pageable memory cudaMemcpy may return before the DMA lands, and
-    // the layers' streams may be non-blocking: finish it here (parameter
-    // loading, not the hot path).
-    TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+    // Landed when it returns: the layers' streams may be non-blocking
+    // (parameter loading, not the hot path).
+    cuda::copy_to_device_sync(dst.data(), src, dst.nbytes());
     return;
 #else
     no_cuda("a host-to-device copy", dst.device());

@@ -51,7 +51,12 @@ class Dev {
   T* as() const {
     return static_cast<T*>(p_);
   }
-  void put(const void* host) { check(cudaMemcpy(p_, host, bytes_, cudaMemcpyHostToDevice)); }
+  // Landed when it returns (a cudaMemcpy from pageable memory may return
+  // before its DMA does, and kernels may run on non-blocking streams).
+  void put(const void* host) {
+    check(cudaMemcpy(p_, host, bytes_, cudaMemcpyHostToDevice));
+    check(cudaStreamSynchronize(cudaStreamLegacy));
+  }
   template <typename T>
   std::vector<T> get() const {
     std::vector<T> v(bytes_ / sizeof(T));

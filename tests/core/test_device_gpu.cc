@@ -12,10 +12,12 @@
 // start is what tutti::init() and the test main left.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/test_util.h"
 #include "core/cuda_utils.h"
@@ -133,6 +135,53 @@ TEST(DeviceGuardGpu, PinnedHostBufferUsesAnExistingContext) {
   if (device0_unused)
     EXPECT_EQ(cuda::primary_context_state(0), cuda::ContextState::kInactive)
         << "pinning or freeing on a fresh thread created a context on device 0";
+}
+
+// Host-to-device copies that set-up paths rely on (checkpoint loads, the
+// PowerSGD warm start, TP parameter loads, the Python bindings): the bytes
+// must be on the device when the copy returns, so that a kernel on a
+// non-blocking stream reads them.  A plain cudaMemcpy from pageable memory
+// may return before its DMA lands (CUDA's API synchronization behavior;
+// test_zero_gpu read gradients uploaded that way and stepped on stale ones
+// on an H100, 2026-11-27).  The large buffer is staged in chunks, so the
+// last chunk's DMA is what a reader can overtake; the raw cudaMemcpy's
+// stale bytes are reported, not asserted (a race need not show).
+TEST(CopyToDeviceGpu, BytesHaveLandedForANonBlockingStream) {
+  TUTTI_REQUIRE_GPU();
+  const int dev = local_rank() % cuda_device_count();
+  cuda::DeviceGuard g(dev);
+  const size_t n = size_t{64} << 20;  // floats: 256 MiB
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000003) + 0.5f;
+  cuda::DeviceBuffer dst(dev, n * 4), seen(dev, n * 4);
+  cudaStream_t reader;
+  TUTTI_CUDA_CHECK(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking));
+  std::vector<float> back(n);
+  auto stale_after = [&](bool sync_copy) {
+    TUTTI_CUDA_CHECK(cudaMemset(dst.data(), 0, n * 4));
+    TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+    if (sync_copy)
+      cuda::copy_to_device_sync(dst.data(), host.data(), n * 4);
+    else
+      TUTTI_CUDA_CHECK(cudaMemcpy(dst.data(), host.data(), n * 4, cudaMemcpyHostToDevice));
+    // Read at once on the non-blocking stream, as the reducer, the
+    // compressors and the layers do.
+    TUTTI_CUDA_CHECK(cudaMemcpyAsync(seen.data(), dst.data(), n * 4,
+                                     cudaMemcpyDeviceToDevice, reader));
+    TUTTI_CUDA_CHECK(cudaStreamSynchronize(reader));
+    TUTTI_CUDA_CHECK(cudaMemcpy(back.data(), seen.data(), n * 4, cudaMemcpyDeviceToHost));
+    size_t stale = 0;
+    for (size_t i = 0; i < n; ++i) stale += back[i] != host[i];
+    return stale;
+  };
+  size_t raw_stale = 0;
+  for (int round = 0; round < 3; ++round) {
+    raw_stale += stale_after(false);
+    EXPECT_EQ(stale_after(true), 0u) << "round " << round;
+  }
+  std::printf("plain cudaMemcpy from pageable memory: %zu of %zu floats stale when a "
+              "non-blocking stream read them at once (3 rounds)\n", raw_stale, 3 * n);
+  TUTTI_CUDA_CHECK(cudaStreamDestroy(reader));
 }
 
 class LaunchOnFreshThread : public ::testing::Test {

@@ -44,8 +44,7 @@ struct DeviceModel {
       const size_t bytes = p.param.bytes.size();
       params.emplace_back(dev, bytes);
       grads.emplace_back(dev, bytes);
-      TUTTI_CUDA_CHECK(cudaMemcpy(params.back().data(), p.param.bytes.data(), bytes,
-                                  cudaMemcpyHostToDevice));
+      cuda::copy_to_device_sync(params.back().data(), p.param.bytes.data(), bytes);
       reducer->add_parameter(p.name, Tensor(params.back().data(), p.param.dtype, p.shape,
                                             Device::cuda(dev)),
                              Tensor(grads.back().data(), p.param.dtype, p.shape, Device::cuda(dev)));
@@ -153,8 +152,11 @@ TEST(ZeroGpu, BuiltOnAThreadThatSetNoDevice) {
                    host.params[static_cast<size_t>(p)].shape.numel());
     const std::vector<double> v = host.local_gradient(p, 1);
     convert(v.data(), DType::kFloat64, b.bytes.data(), b.dtype, v.size());
-    TUTTI_CUDA_CHECK(cudaMemcpy(d->grads[static_cast<size_t>(p)].data(), b.bytes.data(),
-                                b.bytes.size(), cudaMemcpyHostToDevice));
+    // Landed before the reducer reads it on `stream` (non-blocking): a plain
+    // cudaMemcpy from pageable memory may return before its DMA lands, and
+    // this test read stale gradients that way on an H100 (2026-11-27).
+    cuda::copy_to_device_sync(d->grads[static_cast<size_t>(p)].data(), b.bytes.data(),
+                              b.bytes.size());
     d->reducer->grad_ready(p, stream.get());
   }
   ASSERT_TRUE(d->reducer->synchronize(stream.get()));

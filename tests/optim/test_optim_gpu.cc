@@ -46,6 +46,8 @@ struct DevBuf {
     EXPECT_EQ(cudaMalloc(&base, (n + off) * dtype_size(dtype) + 1), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(ptr(), h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice),
               cudaSuccess);
+    // Landed before a kernel on a non-blocking stream reads it.
+    EXPECT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
   }
   ~DevBuf() { cudaFree(base); }
   DevBuf(const DevBuf&) = delete;
