@@ -268,6 +268,10 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # Containers often forbid the cross-process reads (CMA) of the shared-memory
 # transport's single-copy path; MPI only bootstraps NCCL here, so copy twice.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# An image with PMIx of its own at the same path as ours (Ubuntu's pmix2):
+# its plugins fail to load into our PMIx (seen on the H100 image), which is
+# harmless but printed for every process; so is the compression warning.
+export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
 find "$KIT/build" -name CTestTestfile.cmake | while read -r f; do
   [ -f "$f.in" ] || cp "$f" "$f.in"
   sed -e "s|@KIT_BUILD@|$KIT/build|g" -e "s|@REPO@|$KIT_REPO|g" \
