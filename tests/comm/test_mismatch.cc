@@ -11,22 +11,8 @@
 namespace tutti {
 namespace {
 
-// Runs `op` expecting an Error with `code`; returns its message.
-template <typename F>
-std::string expect_error(F op, ErrorCode code) {
-  try {
-    op();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error was raised";
-  return "";
-}
-
-void expect_contains(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "'" << part << "' not in: " << s;
-}
+using test::expect_contains;
+using test::expect_error;
 
 // After each failure the world must still work.
 void expect_world_usable() {

@@ -29,6 +29,21 @@ double rank_value(int rank, int64_t i) {
   return ::testing::AssertionSuccess();
 }
 
+std::string expect_error(const std::function<void()>& op, ErrorCode code) {
+  try {
+    op();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error was raised";
+  return "";
+}
+
+void expect_contains(const std::string& s, const std::string& part) {
+  EXPECT_NE(s.find(part), std::string::npos) << "'" << part << "' not in: " << s;
+}
+
 bool all_ranks_ok(bool ok) {
   int32_t v = ok ? 1 : 0;
   world()->allreduce(Tensor::of(&v, 1), ReduceOp::kMin);

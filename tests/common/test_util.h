@@ -48,6 +48,12 @@ struct Buffer {
                                    const std::function<double(int64_t)>& expected,
                                    double tol = 0);
 
+// Runs `op`, expecting Error(code) (an EXPECT failure otherwise); returns
+// its what().
+std::string expect_error(const std::function<void()>& op, ErrorCode code);
+// EXPECT that `part` occurs in `s`, printing both.
+void expect_contains(const std::string& s, const std::string& part);
+
 // Exit code that ctest treats as "skipped" for tests labelled gpu.
 constexpr int kSkipExitCode = 77;
 

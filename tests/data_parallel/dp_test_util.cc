@@ -32,21 +32,6 @@ double grad_value(int rank, int param, int64_t i) {
   return rank_value(rank, i + 31 * param);
 }
 
-std::string expect_error(const std::function<void()>& op, ErrorCode code) {
-  try {
-    op();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error was raised";
-  return "";
-}
-
-void expect_contains(const std::string& s, const std::string& part) {
-  EXPECT_NE(s.find(part), std::string::npos) << "'" << part << "' not in: " << s;
-}
-
 uint64_t world_collective_seq() {
   int32_t v = 0;
   WorkPtr w = world()->allreduce_async(Tensor::of(&v, 1));

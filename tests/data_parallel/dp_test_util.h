@@ -48,10 +48,6 @@ double expected_avg(DType d, double sum, int n);
 // so sums over 4 ranks are exact in every dtype.
 double grad_value(int rank, int param, int64_t i);
 
-// Runs `op`, expecting Error(code); returns its what().
-std::string expect_error(const std::function<void()>& op, ErrorCode code);
-void expect_contains(const std::string& s, const std::string& part);
-
 // Sequence number of a fresh collective on the world: the difference of two
 // calls is 1 + the number of world collectives issued in between.
 uint64_t world_collective_seq();
