@@ -1,5 +1,6 @@
 #include "tutti/process_group.h"
 
+#include "comm/nccl/nccl_communicator.h"
 #include "comm/process_group_impl.h"
 #include "comm/registry.h"
 #include "core/check.h"
@@ -45,9 +46,8 @@ CommunicatorPtr ProcessGroup::cuda_communicator(int device) {
   TUTTI_ARG_CHECK(device >= 0 && device < visible, "a tensor on cuda:", device,
                   " reached group '", impl_->name, "', but this process sees ",
                   visible, " CUDA device(s)");
-  auto c = nccl::NcclCommunicator::create(impl_->mpi, device,
-                                          impl_->name + "-cuda" +
-                                              std::to_string(device));
+  std::shared_ptr<comm::DeviceCommunicator> c = nccl::NcclCommunicator::create(
+      impl_->mpi, device, impl_->name + "-cuda" + std::to_string(device));
   comm::register_communicator(c);
   impl_->cuda.emplace(device, c);
   return c;
@@ -72,23 +72,24 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_group(
   std::unique_ptr<ProcessGroupImpl> impl;
   if (host_child)
     impl = std::make_unique<ProcessGroupImpl>(child_name, host_child);
-  // Split existing NCCL communicators with ncclCommSplit.  Every rank of the
-  // parent must take part, so first agree that every rank has one (a rank
-  // that never used CUDA has none; the child then bootstraps lazily).
-  std::shared_ptr<nccl::NcclCommunicator> parent_nccl;
+  // Split an existing device communicator alongside (NCCL: ncclCommSplit;
+  // staged: a split of its host duplicate).  Every rank of the parent must
+  // take part, so first agree that every rank has one (a rank that never
+  // used CUDA has none; the child then bootstraps lazily).
+  std::shared_ptr<comm::DeviceCommunicator> parent_device;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->cuda.size() == 1) parent_nccl = impl_->cuda.begin()->second;
+    if (impl_->cuda.size() == 1) parent_device = impl_->cuda.begin()->second;
   }
-  int32_t have = parent_nccl ? 1 : 0;
+  int32_t have = parent_device ? 1 : 0;
   impl_->mpi->allreduce(Tensor::of(&have, 1), ReduceOp::kMin,
-                        OpOptions{"nccl split agreement"});
+                        OpOptions{"device split agreement"});
   if (have) {
-    auto nccl_child =
-        parent_nccl->split_with(color, key, host_child, child_name + "-cuda");
-    if (nccl_child && impl) {
-      comm::register_communicator(nccl_child);
-      impl->cuda.emplace(nccl_child->device(), nccl_child);
+    auto device_child =
+        parent_device->split_device(color, key, host_child, child_name + "-cuda");
+    if (device_child && impl) {
+      comm::register_communicator(device_child);
+      impl->cuda.emplace(device_child->device(), device_child);
     }
   }
   if (!impl) return nullptr;
@@ -132,13 +133,16 @@ int ProcessGroup::join() {
   if (!impl_->mpi) return 0;  // a world of one: nothing to wait for
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (!impl_->cuda.empty())
-      TUTTI_THROW(kUnsupported, "join() on group '", impl_->name,
-                  "': the group has an NCCL communicator (cuda:",
-                  impl_->cuda.begin()->first,
-                  "), whose agreement check overlaps the operation, so a "
-                  "joined rank cannot serve it; join() needs host tensors "
-                  "(the MPI backend) for now");
+    if (!impl_->cuda.empty()) {
+      const bool nccl = impl_->cuda.begin()->second->backend() == "nccl";
+      TUTTI_THROW(kUnsupported, "join() on group '", impl_->name, "': the group has ",
+                  nccl ? "an NCCL communicator" : "a staged communicator for CUDA tensors",
+                  " (cuda:", impl_->cuda.begin()->first, "), ",
+                  nccl ? "whose agreement check overlaps the operation, so a "
+                         "joined rank cannot serve it"
+                       : "which a joined rank does not serve",
+                  "; join() needs host tensors (the MPI backend) for now");
+    }
   }
   return mpi::join(impl_->mpi);
 }
@@ -146,7 +150,7 @@ int ProcessGroup::join() {
 void ProcessGroup::synchronize() {
   if (impl_->mpi) impl_->mpi->drain();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  // NCCL: completed on the GPU, not only enqueued (drain()), as on MPI.
+  // CUDA: completed on the device, not only enqueued (drain()), as on MPI.
   for (auto& c : impl_->cuda) c.second->synchronize();
 }
 

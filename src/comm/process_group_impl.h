@@ -1,5 +1,6 @@
 // ProcessGroup internals: the host communicator (MPI, or local for a world
-// of one) and lazily created NCCL communicators per CUDA device.
+// of one) and lazily created device communicators per CUDA device (NCCL or
+// the staged transport, comm/device_transport.h).
 #pragma once
 
 #include <map>
@@ -7,9 +8,9 @@
 #include <mutex>
 #include <string>
 
+#include "comm/device_communicator.h"
 #include "comm/local/local_communicator.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/nccl/nccl_communicator.h"
 #include "tutti/process_group.h"
 
 namespace tutti {
@@ -30,7 +31,7 @@ class ProcessGroupImpl {
   std::shared_ptr<mpi::MpiCommunicator> mpi;         // null in a local world
   std::shared_ptr<comm::LocalCommunicator> local;    // null with MPI
   std::mutex mu;
-  std::map<int, std::shared_ptr<nccl::NcclCommunicator>> cuda;
+  std::map<int, std::shared_ptr<comm::DeviceCommunicator>> cuda;
   std::shared_ptr<ProcessGroup> node;
   std::shared_ptr<ProcessGroup> cross;
 };

@@ -11,13 +11,12 @@ namespace tutti {
 namespace mpi {
 class MpiCommunicator;
 }
-namespace nccl {
-class NcclCommunicator;
-}
 namespace comm {
+class DeviceCommunicator;
 
 void register_communicator(const std::shared_ptr<mpi::MpiCommunicator>& c);
-void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c);
+// NCCL and staged communicators: shutdown() closes them before the MPI ones.
+void register_communicator(const std::shared_ptr<DeviceCommunicator>& c);
 // A communicator timed out (its requests may never complete): shutdown()
 // must not finalise MPI, even once that communicator is gone.
 void note_communicator_poisoned();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/backoff.h"
+#include "comm/device_communicator.h"
 #include "comm/mpi/status_service.h"
 #include "comm/process_group_impl.h"
 #include "comm/registry.h"
@@ -34,7 +35,7 @@ struct WorldState {
   int local_size = 1;
   std::mutex registry_mu;
   std::vector<std::weak_ptr<mpi::MpiCommunicator>> mpi_comms;
-  std::vector<std::weak_ptr<nccl::NcclCommunicator>> nccl_comms;
+  std::vector<std::weak_ptr<comm::DeviceCommunicator>> device_comms;  // NCCL, staged
   std::atomic<bool> any_poisoned{false};
   bool at_exit = false;  // shutdown() called by the atexit handler
 };
@@ -101,11 +102,11 @@ void communicator_broke(const Error& error) {
   std::fflush(stderr);
   std::_Exit(kCommFailureExitCode);
 }
-void register_communicator(const std::shared_ptr<nccl::NcclCommunicator>& c) {
+void register_communicator(const std::shared_ptr<DeviceCommunicator>& c) {
   if (!c) return;
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.registry_mu);
-  s.nccl_comms.push_back(c);
+  s.device_comms.push_back(c);
 }
 }  // namespace comm
 
@@ -169,18 +170,20 @@ void shutdown() {
   std::lock_guard<std::recursive_mutex> lock(s.mu);
   if (!s.initialized) return;
   std::vector<std::shared_ptr<mpi::MpiCommunicator>> mpis;
-  std::vector<std::shared_ptr<nccl::NcclCommunicator>> nccls;
+  std::vector<std::shared_ptr<comm::DeviceCommunicator>> devices;
   {
     std::lock_guard<std::mutex> rl(s.registry_mu);
-    for (auto& w : s.nccl_comms)
-      if (auto c = w.lock()) nccls.push_back(c);
+    for (auto& w : s.device_comms)
+      if (auto c = w.lock()) devices.push_back(c);
     for (auto& w : s.mpi_comms)
       if (auto c = w.lock()) mpis.push_back(c);
-    s.nccl_comms.clear();
+    s.device_comms.clear();
     s.mpi_comms.clear();
   }
   bool poisoned = s.any_poisoned.load();
-  for (auto& c : nccls) c->close();
+  // Device communicators first: they run their ops through MPI (the NCCL
+  // bootstrap and agreement check, the staged transport's exchanges).
+  for (auto& c : devices) c->close();
   for (auto& c : mpis) {
     poisoned = poisoned || c->poisoned();
     c->close();

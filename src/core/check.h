@@ -2,6 +2,7 @@
 // comparison forms, both operands ("a vs b").  Never exit() or abort().
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <string>
 
@@ -47,6 +48,11 @@ inline std::string call_failed(const char* expr, const std::string& context,
 
 [[noreturn]] TUTTI_API void throw_error(ErrorCode code, const char* file,
                                         int line, const std::string& message);
+
+// The Error held by `e`; any other exception becomes kInternal with its
+// what() (for code that hands a failure on: a watchdog breaking a
+// communicator, a work failing with its op's error).
+Error error_of(const std::exception_ptr& e);
 
 }  // namespace detail
 }  // namespace tutti

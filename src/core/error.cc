@@ -51,5 +51,17 @@ void throw_error(ErrorCode code, const char* file, int line,
   throw Error(code, msg);
 }
 
+Error error_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err;
+  } catch (const std::exception& x) {
+    return Error(ErrorCode::kInternal, cat(rank_prefix(), x.what()));
+  } catch (...) {
+    return Error(ErrorCode::kInternal, cat(rank_prefix(), "an unknown exception"));
+  }
+}
+
 }  // namespace detail
 }  // namespace tutti

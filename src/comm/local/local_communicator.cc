@@ -9,12 +9,18 @@
 namespace tutti {
 namespace comm {
 
-WorkPtr LocalCommunicator::submit(const OpRequest& r, bool) {
+WorkPtr LocalCommunicator::submit(const OpRequest& r, bool blocking) {
+  return submit_layered(r, blocking, nullptr);
+}
+
+WorkPtr LocalCommunicator::submit_layered(const OpRequest& r, bool,
+                                          Check also_validate) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = ++next_seq_;
   const OpLabel desc(r, seq, name_);
   auto work = std::make_shared<CpuWork>(seq, desc.str());
   try {
+    if (also_validate) also_validate(desc);
     validate(r, 0, 1, desc);
     if (r.kind != CollectiveKind::kBarrier)
       TUTTI_ARG_CHECK(r.input.device().is_cpu() && r.output.device().is_cpu(),

@@ -6,12 +6,13 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/layered_host.h"
 #include "tutti/comm.h"
 
 namespace tutti {
 namespace comm {
 
-class LocalCommunicator : public Communicator {
+class LocalCommunicator : public Communicator, public LayeredHost {
  public:
   explicit LocalCommunicator(std::string name) : name_(std::move(name)) {}
   int rank() const override { return 0; }
@@ -19,6 +20,8 @@ class LocalCommunicator : public Communicator {
   std::string backend() const override { return "local"; }
   std::string name() const override { return name_; }
   WorkPtr submit(const OpRequest& request, bool blocking) override;
+  WorkPtr submit_layered(const OpRequest& request, bool blocking,
+                         Check also_validate) override;
   std::shared_ptr<Communicator> split(int color, int key,
                                       const std::string& name) override;
 

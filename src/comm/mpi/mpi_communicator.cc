@@ -181,6 +181,11 @@ uint64_t MpiCommunicator::derived_id() {
 }
 
 WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
+  return submit_layered(request, blocking, nullptr);
+}
+
+WorkPtr MpiCommunicator::submit_layered(const OpRequest& request, bool blocking,
+                                        Check also_validate) {
   const comm::CommSettings::Values settings = settings_.get();
   const double timeout =
       request.options.timeout_s > 0 ? request.options.timeout_s : settings.timeout_s;
@@ -192,7 +197,7 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
         request.input.dtype());
     auto self = shared_from_this();
     engine_.submit(
-        [self, request, work] {
+        [self, request, work, also_validate] {
           // Point-to-point ops involve two ranks only: they are numbered
           // apart from the collectives, which every rank counts.
           const uint64_t seq = ++self->next_p2p_seq_;
@@ -201,6 +206,7 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
             if (self->closed_ || self->poisoned_)
               TUTTI_THROW(kAborted, desc, ": communicator '", self->name_,
                           "' is unusable after an earlier failure");
+            if (also_validate) also_validate(desc);
             comm::validate(request, self->rank_, self->size_, desc);
             TUTTI_ARG_CHECK(request.input.device().is_cpu(), desc,
                             ": the MPI backend takes host tensors, got ",
@@ -235,6 +241,7 @@ WorkPtr MpiCommunicator::submit(const OpRequest& request, bool blocking) {
   q->request.options.timeout_s = timeout;
   q->check = settings.check_ops;
   q->stall_warn_s = settings.stall_warn_s;
+  q->also_validate = std::move(also_validate);
   engine_.submit([self, q, work] { self->execute(q, *work); }, blocking);
   return work;
 }
@@ -258,6 +265,7 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
     // check so that its peers fail too instead of waiting for it.
     std::exception_ptr local_error;
     try {
+      if (q->also_validate) q->also_validate(desc);
       comm::validate(r, rank_, size_, desc);
       if (r.kind != CollectiveKind::kBarrier)
         TUTTI_ARG_CHECK(r.input.device().is_cpu() && r.output.device().is_cpu(),

@@ -20,6 +20,7 @@
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/comm_settings.h"
 #include "comm/cpu_work.h"
+#include "comm/layered_host.h"
 #include "comm/mpi/status_service.h"
 #include "comm/op_desc.h"
 #include "comm/progress_engine.h"
@@ -29,6 +30,7 @@ namespace tutti {
 namespace mpi {
 
 class MpiCommunicator : public Communicator,
+                        public comm::LayeredHost,
                         public std::enable_shared_from_this<MpiCommunicator> {
  public:
   // Takes ownership of `comm` (a communicator tutti created).
@@ -40,6 +42,8 @@ class MpiCommunicator : public Communicator,
   std::string backend() const override { return "mpi"; }
   std::string name() const override { return name_; }
   WorkPtr submit(const OpRequest& request, bool blocking) override;
+  WorkPtr submit_layered(const OpRequest& request, bool blocking,
+                         Check also_validate) override;
   std::shared_ptr<Communicator> split(int color, int key,
                                       const std::string& name) override;
 
@@ -108,6 +112,7 @@ class MpiCommunicator : public Communicator,
     OpRequest request;
     bool check = true;
     double stall_warn_s = 0;  // TUTTI_STALL_WARN_S
+    Check also_validate;      // submit_layered(): the layered request's check
   };
   void execute(const std::shared_ptr<Queued>& q, comm::CpuWork& work);
   // A split, which is no OpRequest, under execute()'s discipline: numbered

@@ -41,18 +41,6 @@ constexpr const char* kOverlapOutcome =
 // How often the watchdog polls while NCCL ops are in flight.
 constexpr std::chrono::microseconds kWatchInterval(200);
 
-// An error to hand around (the watchdog breaks with it, the work fails
-// with it).
-Error error_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& err) {
-    return err;
-  } catch (const std::exception& x) {
-    return Error(ErrorCode::kInternal, detail::cat(detail::rank_prefix(), x.what()));
-  }
-}
-
 }  // namespace
 
 // Work of one NCCL operation: started (enqueued) by the engine, completed by
@@ -333,7 +321,7 @@ bool CudaWork::progress(std::unique_lock<std::mutex>& lock) {
   try {
     return poll_locked();
   } catch (...) {
-    const Error err = error_of(std::current_exception());
+    const Error err = detail::error_of(std::current_exception());
     lock.unlock();
     if (auto owner = owner_.lock()) owner->watchdog.break_with(err, this);
     fail(std::make_exception_ptr(err));  // if the watchdog did not yet hold it
@@ -420,7 +408,7 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
           work->check->wait(deadline, desc);
         } catch (const Error&) {
         }
-        watchdog.break_with(error_of(local_error), nullptr);
+        watchdog.break_with(detail::error_of(local_error), nullptr);
       }
     }
     if (local_error) std::rethrow_exception(local_error);
@@ -711,6 +699,7 @@ int NcclCommunicator::size() const { return 1; }
 std::string NcclCommunicator::name() const { return ""; }
 int NcclCommunicator::device() const { return -1; }
 void NcclCommunicator::drain() {}
+void NcclCommunicator::synchronize() {}
 void NcclCommunicator::close() {}
 bool NcclCommunicator::broken() const { return false; }
 WorkPtr NcclCommunicator::submit(const OpRequest&, bool) {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/device_communicator.h"
 #include "tutti/comm.h"
 
 namespace tutti {
@@ -30,7 +31,7 @@ namespace nccl {
 
 class NcclCommunicatorImpl;
 
-class NcclCommunicator : public Communicator {
+class NcclCommunicator : public comm::DeviceCommunicator {
  public:
   // Collective over `host` (null: a world of one).  `device` is this rank's
   // CUDA ordinal.  Error(kUnsupported) in builds without NCCL.
@@ -43,7 +44,7 @@ class NcclCommunicator : public Communicator {
   int size() const override;
   std::string backend() const override { return "nccl"; }
   std::string name() const override;
-  int device() const;
+  int device() const override;
   WorkPtr submit(const OpRequest& request, bool blocking) override;
   // Not used directly: ProcessGroup splits its host communicator and then
   // calls split_with().
@@ -54,16 +55,21 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<NcclCommunicator> split_with(
       int color, int key, std::shared_ptr<mpi::MpiCommunicator> host_child,
       const std::string& name);
+  std::shared_ptr<comm::DeviceCommunicator> split_device(
+      int color, int key, std::shared_ptr<mpi::MpiCommunicator> host_child,
+      const std::string& name) override {
+    return split_with(color, key, std::move(host_child), name);
+  }
   // Waits until the engine has enqueued everything submitted so far.
-  void drain();
+  void drain() override;
   // Waits until everything submitted so far has completed on the GPU
   // (bounded by the watchdog); rethrows the newest op's error.
-  void synchronize();
+  void synchronize() override;
   // Waits for the ops in flight, then finalises the NCCL communicator
   // (aborts it if that does not finish within TUTTI_TIMEOUT).  Idempotent.
-  void close();
+  void close() override;
   // True once the watchdog aborted the communicator.
-  bool broken() const;
+  bool broken() const override;
 
  private:
   explicit NcclCommunicator(std::shared_ptr<NcclCommunicatorImpl> impl);
