@@ -7,7 +7,9 @@
 //
 // A ProcessGroup is a Communicator that routes each operation by the device
 // of its tensors: host tensors go over MPI, CUDA tensors over NCCL (created
-// lazily for the tensor's device, bootstrapped over MPI).
+// lazily for the tensor's device, bootstrapped over MPI), or through host
+// memory over MPI where ranks share a device (TUTTI_DEVICE_TRANSPORT,
+// docs/communication.md "The staged device transport").
 #pragma once
 
 #include <memory>
@@ -77,7 +79,9 @@ class TUTTI_API ProcessGroup : public Communicator {
   // The communicator used for host tensors.
   CommunicatorPtr cpu_communicator();
   // The communicator used for tensors on CUDA device `device` (created on
-  // first use; collective).  Error(kUnsupported) in a build without NCCL.
+  // first use; collective): backend() "nccl", or "staged" (through host
+  // memory over MPI) as TUTTI_DEVICE_TRANSPORT decides.  Error(kUnsupported)
+  // in a build without CUDA.
   CommunicatorPtr cuda_communicator(int device);
   // Waits for every operation submitted so far on every backend.
   void synchronize();
@@ -92,8 +96,9 @@ class TUTTI_API ProcessGroup : public Communicator {
   // collective (allgather, reduce-scatter, alltoall, a split, a broadcast
   // from a joined root) is Error(kMismatch) on every running rank, which no
   // rank ran.  Returns the rank that joined last (ties: the highest), the
-  // same on every rank.  Error(kUnsupported) on a group that has an NCCL
-  // communicator and with TUTTI_CHECK_COLLECTIVES=0; Error(kTimeout) after
+  // same on every rank.  Error(kUnsupported) on a group that has a
+  // communicator for CUDA tensors (NCCL or staged) and with
+  // TUTTI_CHECK_COLLECTIVES=0; Error(kTimeout) after
   // TUTTI_TIMEOUT without any collective on the group's family.
   // docs/communication.md, "Uneven inputs".
   int join();

@@ -159,7 +159,8 @@ void bind_comm(pyb::module_& m) {
 
   pyb::class_<ProcessGroup, std::shared_ptr<ProcessGroup>> group(
       m, "ProcessGroup",
-      "A group of ranks; host tensors travel over MPI, CUDA tensors over NCCL.");
+      "A group of ranks; host tensors travel over MPI, CUDA tensors over NCCL "
+      "(or staged through host memory where ranks share a GPU: TUTTI_DEVICE_TRANSPORT).");
   group.def_property_readonly("rank", &ProcessGroup::rank)
       .def_property_readonly("size", &ProcessGroup::size)
       .def_property_readonly("name", &ProcessGroup::name)

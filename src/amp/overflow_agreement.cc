@@ -14,9 +14,10 @@ namespace {
 
 void check_group(const Communicator* g) {
   TUTTI_ARG_CHECK(g != nullptr, "amp: null group in the agreement groups");
-  TUTTI_ARG_CHECK(g->backend() != "nccl", "amp: group '", g->name(),
-                  "' is an NCCL communicator; the non-finite flag is a host "
-                  "value, pass the ProcessGroup (it routes host tensors to MPI)");
+  TUTTI_ARG_CHECK(g->backend() != "nccl" && g->backend() != "staged", "amp: group '",
+                  g->name(), "' is ", g->backend() == "nccl" ? "an NCCL" : "a staged",
+                  " communicator; the non-finite flag is a host value, pass the "
+                  "ProcessGroup (it routes host tensors to MPI)");
 }
 
 int world_rank() { return initialized() ? rank() : 0; }

@@ -1,8 +1,10 @@
 #include "tutti/process_group.h"
 
+#include "comm/device_transport.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "comm/process_group_impl.h"
 #include "comm/registry.h"
+#include "comm/staged/staged_communicator.h"
 #include "core/check.h"
 #include "tutti/config.h"
 
@@ -39,15 +41,23 @@ CommunicatorPtr ProcessGroup::cuda_communicator(int device) {
                 impl_->name,
                 "', but this build of tutti has no CUDA support (rebuild "
                 "with -DTUTTI_WITH_CUDA=ON)");
-  TUTTI_ARG_CHECK(config::get_bool("TUTTI_NCCL"), "a tensor on cuda:", device,
-                  " reached group '", impl_->name,
+  const comm::TransportSetting setting = comm::transport_setting();
+  TUTTI_ARG_CHECK(setting == comm::TransportSetting::kStaged ||
+                      config::get_bool("TUTTI_NCCL"),
+                  "a tensor on cuda:", device, " reached group '", impl_->name,
                   "', but TUTTI_NCCL=0 disables the NCCL backend");
   const int visible = cuda_device_count();
   TUTTI_ARG_CHECK(device >= 0 && device < visible, "a tensor on cuda:", device,
                   " reached group '", impl_->name, "', but this process sees ",
                   visible, " CUDA device(s)");
-  std::shared_ptr<comm::DeviceCommunicator> c = nccl::NcclCommunicator::create(
-      impl_->mpi, device, impl_->name + "-cuda" + std::to_string(device));
+  // NCCL, or staged where ranks share a device (collective with auto).
+  const std::string name = impl_->name + "-cuda" + std::to_string(device);
+  std::shared_ptr<comm::DeviceCommunicator> c;
+  if (comm::choose_transport(impl_->mpi, device, setting, impl_->name) ==
+      comm::DeviceTransport::kNccl)
+    c = nccl::NcclCommunicator::create(impl_->mpi, device, name);
+  else
+    c = staged::StagedCommunicator::create(impl_->mpi, device, name);
   comm::register_communicator(c);
   impl_->cuda.emplace(device, c);
   return c;

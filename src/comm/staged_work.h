@@ -16,6 +16,8 @@ namespace comm {
 
 class StagedWork : public Work {
  public:
+  // `backend` labels the op on the timeline ("nccl", "staged").
+  explicit StagedWork(const char* backend = "nccl") : backend_(backend) {}
   uint64_t seq() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return seq_;
@@ -31,7 +33,7 @@ class StagedWork : public Work {
     if (timeline::on() && enqueued_ns_)
       timeline::complete(timeline::group_track("cuda (posted)"), "comm", desc,
                          enqueued_ns_, timeline::now_ns(),
-                         &timeline::Args().i("seq", static_cast<int64_t>(seq)).s("backend", "nccl"));
+                         &timeline::Args().i("seq", static_cast<int64_t>(seq)).s("backend", backend_));
     settle(kStarted, nullptr, seq, std::move(desc));
   }
   // Called by the engine when the operation could not be started.
@@ -55,6 +57,7 @@ class StagedWork : public Work {
   std::string desc_;
   std::exception_ptr error_;
   const int64_t enqueued_ns_ = timeline::on() ? timeline::now_ns() : 0;
+  const char* const backend_;
 
  private:
   void settle(Stage stage, std::exception_ptr e, uint64_t seq, std::string desc) {

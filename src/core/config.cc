@@ -82,6 +82,13 @@ const std::vector<SettingInfo> kSettings = {
      "error (tutti-run sets it to 1 unless it is set)."},
     {"TUTTI_NCCL", "bool", "1",
      "Use NCCL for CUDA tensors (when built with NCCL)."},
+    {"TUTTI_DEVICE_TRANSPORT", "string", "auto",
+     "Transport for a group's CUDA tensors: nccl; staged (through pinned host "
+     "memory over the group's MPI communicator, same checks, timeouts and "
+     "results as host tensors); auto: NCCL when every rank of the group has "
+     "its own device, staged when two ranks on a host share one (NCCL refuses "
+     "that) or the build has no NCCL, decided alike on every rank.  With "
+     "TUTTI_NCCL=0 only staged serves CUDA tensors."},
     {"TUTTI_CHECK_DEVICE", "bool", "0",
      "Device discipline check (on in the gpu tests): every kernel launch must "
      "come from a thread inside a cuda::DeviceGuard whose device is current "

@@ -6,7 +6,10 @@
 #   nccl_watchdog_test.sh PROBE MPIEXEC NP MODE EXPECTED_OK_LINES
 set -u
 probe=$1 mpiexec=$2 np=$3 mode=$4 want=$5
-out=$(TUTTI_TIMEOUT=20 timeout 150 \
+# The probes test NCCL's own watchdog: NCCL, whatever the ranks' devices
+# (TUTTI_DEVICE_TRANSPORT=auto would stage ranks that share a GPU, and its
+# transport vote would be the bootstrap's first collective).
+out=$(TUTTI_TIMEOUT=20 TUTTI_DEVICE_TRANSPORT=nccl timeout 150 \
       "$mpiexec" --oversubscribe --bind-to none -np "$np" "$probe" "$mode" 2>&1)
 rc=$?
 echo "$out" | grep -E "PROBE|skipping" || true
