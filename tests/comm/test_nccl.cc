@@ -1,6 +1,7 @@
 // NCCL path (label gpu): collectives on CUDA tensors ordered against the
-// caller's stream.  One rank per GPU; skipped without a device, or when
-// there are fewer GPUs than ranks on this host.
+// caller's stream.  One rank per GPU (TUTTI_TEST_NEEDS_NCCL): skipped
+// without a device, or when ranks share a GPU (the staged transport would
+// serve them: tests/comm/test_staged_gpu.cc tests that one).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,6 +20,9 @@ using test::Buffer;
 using test::rank_value;
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// This file tests NCCL's communicator (its stream ordering, its split).
+TUTTI_TEST_NEEDS_NCCL();
 
 class Nccl : public ::testing::Test {
  protected:

@@ -44,6 +44,25 @@ void expect_contains(const std::string& s, const std::string& part) {
   EXPECT_NE(s.find(part), std::string::npos) << "'" << part << "' not in: " << s;
 }
 
+namespace {
+bool& needs_nccl_flag() {
+  static bool flag = false;  // set during static initialisation, read in main()
+  return flag;
+}
+std::string& transport_name() {
+  static std::string name;
+  return name;
+}
+}  // namespace
+
+bool declare_needs_nccl() {
+  needs_nccl_flag() = true;
+  return true;
+}
+bool needs_nccl() { return needs_nccl_flag(); }
+const std::string& gpu_transport() { return transport_name(); }
+void set_gpu_transport(const std::string& transport) { transport_name() = transport; }
+
 bool all_ranks_ok(bool ok) {
   int32_t v = ok ? 1 : 0;
   world()->allreduce(Tensor::of(&v, 1), ReduceOp::kMin);

@@ -60,6 +60,27 @@ constexpr int kSkipExitCode = 77;
 // Every rank agrees whether the test passed so far (for early exits).
 bool all_ranks_ok(bool ok);
 
+// ---- GPU tests and their transport ----------------------------------------
+// mpi_test_main.cc decides, collectively, whether a gpu-labelled executable
+// runs.  Ranks that share a CUDA device (device = local_rank() %
+// cuda_device_count(), fewer devices than ranks on a node) run it over the
+// staged device transport (TUTTI_DEVICE_TRANSPORT auto or staged; NCCL
+// refuses two ranks on one GPU), unless the executable needs NCCL.
+
+// Marks the whole executable as testing NCCL itself (its communicator, its
+// errors): it runs only where NCCL serves the world's CUDA tensors (every
+// rank has a device of its own, NCCL is built, TUTTI_DEVICE_TRANSPORT is
+// not staged), else it exits 77 (ctest SKIP) with the reason.  Use at
+// namespace scope: TUTTI_TEST_NEEDS_NCCL();
+bool declare_needs_nccl();
+bool needs_nccl();
+
+// What serves the world's CUDA tensors in this gpu test run, as decided by
+// mpi_test_main.cc ("nccl" or "staged"; "" outside gpu runs).  The same on
+// every rank.
+const std::string& gpu_transport();
+void set_gpu_transport(const std::string& transport);  // mpi_test_main.cc
+
 }  // namespace test
 }  // namespace tutti
 
@@ -68,3 +89,18 @@ bool all_ranks_ok(bool ok);
   do {                                                                  \
     if (::tutti::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
+
+// In a gpu test: skip (all ranks alike) unless NCCL serves the world's CUDA
+// tensors (a test of NCCL's own behaviour in a file that otherwise runs over
+// the staged transport too).
+#define TUTTI_REQUIRE_NCCL()                                                  \
+  do {                                                                        \
+    if (::tutti::test::gpu_transport() != "nccl")                             \
+      GTEST_SKIP() << "needs NCCL; the " << ::tutti::test::gpu_transport()    \
+                   << " transport serves CUDA tensors in this run";           \
+  } while (0)
+
+// At namespace scope in a test file: the executable needs NCCL (see
+// test::declare_needs_nccl).
+#define TUTTI_TEST_NEEDS_NCCL() \
+  [[maybe_unused]] static const bool tutti_test_needs_nccl_ = ::tutti::test::declare_needs_nccl()

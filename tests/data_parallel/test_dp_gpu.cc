@@ -1,9 +1,11 @@
 // CUDA variants (label gpu; skipped without a device): the fused write-back
 // kernel against its CPU twin on fresh random inputs with poisoned outputs,
-// the reducer on CUDA gradients (NCCL, user streams, unused gradients,
+// the reducer on CUDA gradients (NCCL with a GPU per rank, the staged
+// transport where ranks share one; user streams, unused gradients,
 // hierarchical at two node sizes), the reducer in compressed mode against
-// the host reducer, and parameter broadcast on CUDA tensors.  All under
-// TUTTI_CHECK_DEVICE=1.
+// the host reducer, over the staged transport the average bit for bit
+// against the host reducer, and parameter broadcast on CUDA tensors.  All
+// under TUTTI_CHECK_DEVICE=1.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -184,6 +186,52 @@ INSTANTIATE_TEST_SUITE_P(CapsAndModes, DpGpuReducer,
                          ::testing::Combine(::testing::Values(1e-9, 1000.0),
                                             ::testing::Values(0, 1, 2)));
 
+// The same parameters on the host and on this rank's device, each with a
+// reducer over the world.  step() gives both the same gradients (distinct
+// values whose sums round) and runs one reducer's step, then the other's.
+struct TwinReducers {
+  TwinReducers(int dev, const std::vector<test::ParamDecl>& d, const ReducerOptions& host_o,
+               const ReducerOptions& dev_o)
+      : decls(d), host_params(test::make_params(d)), dev_params(gpu_params(dev, d)),
+        on_host(world(), host_o), on_dev(world(), dev_o) {
+    test::register_all(on_host, host_params);
+    for (auto& p : dev_params)
+      on_dev.add_parameter(p.name, p.param->tensor(p.shape), p.grad->tensor(p.shape));
+    on_host.build();
+    on_dev.build();
+  }
+
+  ::testing::AssertionResult step(int step, cudaStream_t stream) {
+    const int rank = world()->rank();
+    for (size_t p = 0; p < decls.size(); ++p) {
+      auto value = [&](int64_t i) {
+        return std::sin(0.37 * static_cast<double>(i) + 1.1 * rank + 7.0 * p + 1.3 * step) *
+               (1.0 + static_cast<double>(i % 97) / 97.0);
+      };
+      host_params[p].grad.fill(value);
+      dev_params[p].host.fill(value);
+      TUTTI_CUDA_CHECK(cudaMemcpyAsync(dev_params[p].grad->mem.data(),
+                                       dev_params[p].host.bytes.data(),
+                                       dev_params[p].host.bytes.size(),
+                                       cudaMemcpyHostToDevice, stream));
+      TUTTI_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    // One reducer's step at a time: both use the world group, and a step in
+    // flight must not interleave with other collectives on it.
+    for (int i = on_host.num_parameters() - 1; i >= 0; --i) on_host.grad_ready(i);
+    if (!on_host.synchronize()) return ::testing::AssertionFailure() << "host step " << step;
+    for (int i = on_dev.num_parameters() - 1; i >= 0; --i) on_dev.grad_ready(i, stream);
+    if (!on_dev.synchronize(stream)) return ::testing::AssertionFailure() << "device step " << step;
+    TUTTI_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return ::testing::AssertionSuccess();
+  }
+
+  std::vector<test::ParamDecl> decls;
+  std::vector<test::TestParam> host_params;
+  std::vector<GpuParam> dev_params;
+  Reducer on_host, on_dev;
+};
+
 // The reducer in compressed mode on CUDA gradients against the same
 // compressor on host gradients (the CPU twins), over three steps so error
 // feedback carries over.  The compressor runs on the reducer's worker
@@ -213,57 +261,76 @@ TEST_P(DpGpuCompressed, MatchesTheHostReducer) {
   ReducerOptions host_o = o;
   host_o.compressor = make_compressor(algo, co);
   host_o.name = "host";
-  auto host_params = test::make_params(decls);
-  auto dev_params = gpu_params(dev, decls);
-  Reducer on_host(world(), host_o), on_dev(world(), o);
-  test::register_all(on_host, host_params);
-  for (auto& p : dev_params)
-    on_dev.add_parameter(p.name, p.param->tensor(p.shape), p.grad->tensor(p.shape));
-  on_host.build();
-  on_dev.build();
-  ASSERT_GT(on_dev.buckets().size(), 0u);
-  const int rank = world()->rank();
+  TwinReducers t(dev, decls, host_o, o);
+  ASSERT_GT(t.on_dev.buckets().size(), 0u);
   for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(t.step(step, stream.get()));
     for (size_t p = 0; p < decls.size(); ++p) {
-      auto value = [&](int64_t i) {
-        return std::sin(0.37 * static_cast<double>(i) + 1.1 * rank + 7.0 * p + 1.3 * step) *
-               (1.0 + static_cast<double>(i % 97) / 97.0);
-      };
-      host_params[p].grad.fill(value);
-      dev_params[p].host.fill(value);
-      TUTTI_CUDA_CHECK(cudaMemcpyAsync(dev_params[p].grad->mem.data(),
-                                       dev_params[p].host.bytes.data(),
-                                       dev_params[p].host.bytes.size(),
-                                       cudaMemcpyHostToDevice, stream.get()));
-      TUTTI_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-    }
-    // One reducer's step at a time: both use the world group, and a step in
-    // flight must not interleave with other collectives on it.
-    for (int i = on_host.num_parameters() - 1; i >= 0; --i) on_host.grad_ready(i);
-    ASSERT_TRUE(on_host.synchronize());
-    for (int i = on_dev.num_parameters() - 1; i >= 0; --i) on_dev.grad_ready(i, stream.get());
-    ASSERT_TRUE(on_dev.synchronize(stream.get()));
-    TUTTI_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-    for (size_t p = 0; p < decls.size(); ++p) {
-      const std::vector<double> want = host_params[p].grad.values();
+      const std::vector<double> want = t.host_params[p].grad.values();
       double scale = 0;
       for (double v : want) scale = std::max(scale, std::fabs(v));
       // PowerSGD: cuBLAS vs OpenBLAS; 1-bit: the scales' summation order
       // (the same bounds as tests/compression/test_compressors_gpu.cc).
       const double tol = (algo == "powersgd" ? 1e-3 : 1e-5) * (1 + scale);
-      EXPECT_TRUE(test::matches(dev_params[p].grad->download(),
+      EXPECT_TRUE(test::matches(t.dev_params[p].grad->download(),
                                 [&](int64_t i) { return want[static_cast<size_t>(i)]; },
                                 tol))
           << algo << " '" << decls[p].name << "' step " << step;
     }
   }
-  EXPECT_EQ(on_dev.stats().steps, 3);
+  EXPECT_EQ(t.on_dev.stats().steps, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Algorithms, DpGpuCompressed,
     ::testing::Combine(::testing::Values("fp16", "topk", "powersgd", "onebit"),
                        ::testing::Values(1e-9, 1000.0)));
+
+// Where ranks share a GPU the staged transport serves the reducer's CUDA
+// buckets: it sums with the host path's MPI ops over a bucket of the same
+// length (so MPI splits and orders it alike), and the write-back kernel
+// divides as its CPU twin does (UnflattenKernelMatchesCpuTwin above), the
+// host reducer's average (a sum, then one division): the averaged CUDA
+// gradients equal the host reducer's bit for bit, on values whose sums
+// round (float32, bfloat16, float64), over two steps, with one bucket per
+// parameter and with one bucket per dtype.  Over NCCL (a GPU per rank) the
+// sums run in NCCL's order: skipped there.
+TEST(DpGpu, StagedAverageIsTheHostReducersBitForBit) {
+  TUTTI_REQUIRE_GPU();
+  if (test::gpu_transport() != "staged")
+    GTEST_SKIP() << "NCCL serves the CUDA buckets here (its sums run in another order "
+                    "than MPI's); bit identity holds over the staged transport";
+  const int dev = my_device();
+  cuda::DeviceGuard g(dev);
+  cuda::Stream stream(dev);
+  const std::vector<test::ParamDecl> decls = {{"w", DType::kFloat32, Shape{100, 30}},
+                                              {"h", DType::kBFloat16, Shape{37}},
+                                              {"d", DType::kFloat64, Shape{5}},
+                                              {"v", DType::kFloat32, Shape{257}}};
+  for (double cap : {1e-9, 1000.0}) {
+    ReducerOptions o;
+    o.bucket_cap_mb = cap;
+    ReducerOptions host_o = o;
+    host_o.name = "host";
+    TwinReducers t(dev, decls, host_o, o);
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE(t.step(step, stream.get()));
+      for (size_t p = 0; p < decls.size(); ++p) {
+        const Buffer got = t.dev_params[p].grad->download();
+        const Buffer& want = t.host_params[p].grad;
+        int64_t first = -1;
+        for (int64_t i = 0; i < got.numel() && first < 0; ++i)
+          if (std::memcmp(got.bytes.data() + i * dtype_size(got.dtype),
+                          want.bytes.data() + i * dtype_size(got.dtype), dtype_size(got.dtype)))
+            first = i;
+        EXPECT_EQ(first, -1) << "'" << decls[p].name << "' step " << step << " cap " << cap
+                             << ": the staged CUDA average differs from the host reducer's at "
+                             << "element " << first << " (" << got.get(std::max<int64_t>(first, 0))
+                             << " vs " << want.get(std::max<int64_t>(first, 0)) << ")";
+      }
+    }
+  }
+}
 
 TEST(DpGpu, BroadcastParameters) {
   TUTTI_REQUIRE_GPU();

@@ -1,8 +1,11 @@
-"""CUDA tensors through the bindings (ctest label gpu): NCCL collectives on
-torch (and CuPy, when installed) device tensors, zero copy, the reducer and
+"""CUDA tensors through the bindings (ctest label gpu): collectives on torch
+(and CuPy, when installed) device tensors, zero copy, the reducer and
 DistributedOptimizer on a CUDA model, torch's GradScaler with agreed
-overflow, the loss scaler and tensor-parallel modules on the device.
-Skipped ("no CUDA device") where there is none."""
+overflow, the loss scaler and tensor-parallel modules on the device.  NCCL
+serves the CUDA tensors where every rank has a GPU of its own; where ranks
+share one, the staged transport does, and a CUDA all-reduce must then equal
+the host all-reduce bit for bit.  Skipped ("no CUDA device") where there is
+none."""
 import pytest
 
 import gpu_skip  # noqa: E402
@@ -38,6 +41,22 @@ def test_nccl_collectives_zero_copy(world, rank, size, device, dtype):
     assert got.is_cuda and got.shape[0] == size * (size + 1) // 2
     b = hvd.broadcast(torch.full((3,), float(rank), device=device), size - 1)
     assert torch.equal(b.cpu(), torch.full((3,), float(size - 1)))
+
+
+def test_staged_cuda_allreduce_is_the_host_paths_bits(world, rank, size, device):
+    # Collective (every rank asks at the same point).
+    if gpu_skip.gpu_transport() != "staged":
+        pytest.skip("NCCL serves CUDA tensors here: its sums run in another order than MPI's")
+    g = torch.Generator().manual_seed(100 + rank)
+    stream = torch.cuda.current_stream().cuda_stream
+    for dtype, bits in ((torch.float32, torch.int32), (torch.float16, torch.int16),
+                        (torch.bfloat16, torch.int16)):
+        for op in ("sum", "avg", "max"):
+            host = torch.randn(10007, generator=g).to(dtype)
+            dev = host.to(device)
+            world.allreduce(dev, op=op, stream=stream)
+            world.allreduce(host, op=op)
+            assert torch.equal(dev.cpu().view(bits), host.view(bits)), (dtype, op)
 
 
 def test_cupy_allreduce(world, rank, size, device):
