@@ -187,8 +187,9 @@ int pointer_device(const void* p);
 // behavior"), and a kernel on a non-blocking stream could then read the old
 // bytes: this one also waits for the legacy default stream that carries the
 // DMA.  For set-up paths (checkpoint loads, initial states), not hot loops.
-// The caller holds a guard for the destination's device.
-void copy_to_device_sync(void* dst, const void* src, size_t bytes);
+// The caller holds a guard for the destination's device.  Exported for the
+// Python bindings.
+TUTTI_API void copy_to_device_sync(void* dst, const void* src, size_t bytes);
 
 // Called by every kernel launcher right after its launch (through
 // TUTTI_LAUNCH_CHECK): raises the launch error, if any, with the launcher's
