@@ -175,6 +175,29 @@ TEST_F(Nccl, SplitUsesNcclSplit) {
   // the op): nccl_watchdog_probe.cc 'mismatch' tests it in its own job.
 }
 
+// Two splits of one parent back to back, then ops on the parent and both
+// children: a non-blocking split can leave the parent "in progress" after
+// its child is ready, and the next NCCL call on the parent then fails
+// ("Attempt to use communicator before the previous operation returned
+// ncclSuccess": tutti.ProcessMesh's second split, on an H100, 2026-11-27).
+TEST_F(Nccl, SplitsBackToBackThenOpsOnParentAndChildren) {
+  Buffer host(DType::kFloat32, 16);
+  host.fill([&](int64_t) { return 1.0; });
+  Tensor t = upload(host);
+  w->allreduce(t, ReduceOp::kSum, on_stream());  // creates the NCCL communicator
+  auto a = w->split_group(0, rank, "all-a");
+  auto b = w->split_group(rank % 2, rank, "parity-b");
+  auto c = w->split_group(0, size - 1 - rank, "all-reversed-c");
+  for (const ProcessGroupPtr& g : {w, a, b, c}) {
+    Tensor x = upload(host);
+    g->allreduce(x, ReduceOp::kSum, on_stream());
+    Buffer back(DType::kFloat32, 16);
+    download(x, back);
+    EXPECT_TRUE(test::matches(back, [&](int64_t) { return static_cast<double>(g->size()); }))
+        << g->name();
+  }
+}
+
 }  // namespace
 }  // namespace tutti
 

@@ -640,8 +640,13 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
       const mpi::Deadline deadline(timeout_s);
       ncclConfig_t config = nonblocking_config();
       ncclComm_t out = nullptr;
-      ncclResult_t rc;
-      {
+      // The parent must be ready, not "in progress": on a non-blocking
+      // communicator an earlier split can leave it so for a while after its
+      // child is ready, and NCCL then refuses the call (seen on an H100:
+      // "Attempt to use communicator before the previous operation
+      // returned ncclSuccess" at tutti.ProcessMesh's second split).
+      ncclResult_t rc = parent->settle(ncclInProgress, deadline);
+      if (rc == ncclSuccess) {
         std::lock_guard<std::mutex> lock(parent->nccl_mu);
         parent->watchdog.throw_if_broken(what);
         cuda::DeviceGuard g(parent->device);
@@ -651,6 +656,8 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split_with(
       }
       rc = parent->settle(rc, deadline);
       if (rc == ncclSuccess && out) rc = await(out, ncclInProgress, deadline);
+      // And ready again once the child is, for the parent's next call.
+      if (rc == ncclSuccess) rc = parent->settle(ncclInProgress, deadline);
       if (rc != ncclSuccess) {
         if (out) TUTTI_NCCL_WARN(ncclCommAbort(out), what);
         const Error e =
