@@ -141,11 +141,11 @@ TEST(DeviceGuardGpu, PinnedHostBufferUsesAnExistingContext) {
 // PowerSGD warm start, TP parameter loads, the Python bindings): the bytes
 // must be on the device when the copy returns, so that a kernel on a
 // non-blocking stream reads them.  A plain cudaMemcpy from pageable memory
-// may return before its DMA lands (CUDA's API synchronization behavior;
-// test_zero_gpu read gradients uploaded that way and stepped on stale ones
-// on an H100, 2026-11-27).  The large buffer is staged in chunks, so the
-// last chunk's DMA is what a reader can overtake; the raw cudaMemcpy's
-// stale bytes are reported, not asserted (a race need not show).
+// may return before its DMA lands (CUDA's API synchronization behavior).
+// The large buffer is staged in chunks, so the last chunk's DMA is what a
+// reader can overtake; the raw cudaMemcpy's stale bytes are reported, not
+// asserted (a race need not show).  On an H100 (2026-11-27, two runs) the
+// plain copy left none stale here nor in the small-upload case below.
 TEST(CopyToDeviceGpu, BytesHaveLandedForANonBlockingStream) {
   TUTTI_REQUIRE_GPU();
   const int dev = local_rank() % cuda_device_count();
@@ -181,6 +181,50 @@ TEST(CopyToDeviceGpu, BytesHaveLandedForANonBlockingStream) {
   }
   std::printf("plain cudaMemcpy from pageable memory: %zu of %zu floats stale when a "
               "non-blocking stream read them at once (3 rounds)\n", raw_stale, 3 * n);
+  TUTTI_CUDA_CHECK(cudaStreamDestroy(reader));
+}
+
+// The same with many small uploads (gradients of a few dozen bytes, as in
+// test_zero_gpu), each read at once by a non-blocking stream into its own
+// slot: small pageable copies are staged and returned from soonest.
+TEST(CopyToDeviceGpu, SmallUploadsHaveLandedForANonBlockingStream) {
+  TUTTI_REQUIRE_GPU();
+  const int dev = local_rank() % cuda_device_count();
+  cuda::DeviceGuard g(dev);
+  const int uploads = 2000;
+  const size_t n = 16;  // floats per upload
+  cuda::DeviceBuffer dst(dev, n * 4), seen(dev, uploads * n * 4);
+  cudaStream_t reader;
+  TUTTI_CUDA_CHECK(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking));
+  std::vector<float> host(n), back(uploads * n);
+  auto stale_after = [&](bool sync_copy) {
+    TUTTI_CUDA_CHECK(cudaMemset(seen.data(), 0, uploads * n * 4));
+    TUTTI_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int u = 0; u < uploads; ++u) {
+      for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(u * 100 + i) + 0.5f;
+      if (sync_copy)
+        cuda::copy_to_device_sync(dst.data(), host.data(), n * 4);
+      else
+        TUTTI_CUDA_CHECK(cudaMemcpy(dst.data(), host.data(), n * 4, cudaMemcpyHostToDevice));
+      TUTTI_CUDA_CHECK(cudaMemcpyAsync(static_cast<float*>(seen.data()) + u * n, dst.data(),
+                                       n * 4, cudaMemcpyDeviceToDevice, reader));
+      // The next upload overwrites dst: the reader must have read it first
+      // (this orders the test itself, not the copy under test).
+      TUTTI_CUDA_CHECK(cudaStreamSynchronize(reader));
+    }
+    TUTTI_CUDA_CHECK(cudaMemcpy(back.data(), seen.data(), back.size() * 4,
+                                cudaMemcpyDeviceToHost));
+    size_t stale = 0;
+    for (int u = 0; u < uploads; ++u)
+      for (size_t i = 0; i < n; ++i)
+        stale += back[u * n + i] != static_cast<float>(u * 100 + i) + 0.5f;
+    return stale;
+  };
+  const size_t raw_stale = stale_after(false);
+  EXPECT_EQ(stale_after(true), 0u);
+  std::printf("plain cudaMemcpy from pageable memory, %d uploads of %zu bytes: %zu of %zu "
+              "floats stale when a non-blocking stream read them at once\n",
+              uploads, n * 4, raw_stale, uploads * n);
   TUTTI_CUDA_CHECK(cudaStreamDestroy(reader));
 }
 
