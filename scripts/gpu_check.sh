@@ -299,7 +299,7 @@ EOF
         echo "| $lib | ${p:-not linked} $( [ -n "$p" ] && echo "-> $(basename "$(realpath "$p")")") |"
       done
       echo "| MPI (kit) | $(ompi_info --version 2>/dev/null | head -1) |"
-      echo "| LD_LIBRARY_PATH added | ${LD_LIBRARY_PATH:-none} |"
+      echo "| LD_LIBRARY_PATH (the image's, and any CUDA folder the kit added) | ${LD_LIBRARY_PATH:-none} |"
     } >> "$WORK/probe.md"
   else
     fail kit "$KIT_ERROR"
