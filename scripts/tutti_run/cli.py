@@ -105,7 +105,8 @@ vanished) is terminated, and the job restarted without that host.
 
 Exit status: the last job's (0 done, 75 preempted, 76 a peer or the network
 failed, 128+N killed by signal N, else the failure's code); 1 when elastic
-mode found too few slots within --wait-timeout before any job ran.
+mode found too few slots within --wait-timeout before any job ran.  After a
+75 tutti-run says that mpirun's "job has been aborted" banners are expected.
 """
 import os
 import sys

@@ -168,6 +168,7 @@ class Runner:
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
         self.usr1_sent = -1e18
+        self.open_mpi = False
 
     # ---- signals -------------------------------------------------------------
 
@@ -209,6 +210,15 @@ class Runner:
             self.proc.send_signal(signal.SIGUSR1)
         except ProcessLookupError:
             pass
+
+    def explain_clean_stop(self):
+        """One line after a job that ended with 75: Open MPI ends a job one
+        of whose ranks exits non-zero with banners ("... the job has been
+        aborted", "Exit code: 75") that read like a failure."""
+        banners = (": mpirun's \"job has been aborted\" banners above are expected, Open MPI "
+                   "reports every non-zero exit that way" if self.open_mpi else "")
+        log(f"status 75 is a clean preemption stop (the ranks committed a checkpoint, then "
+            f"exited with 75){banners}; the job resumes from that checkpoint when it starts again")
 
     def terminate(self):
         if self.terminated or not self.proc:
@@ -462,7 +472,8 @@ class Runner:
                 "TUTTI_ELASTIC_MIN_NP": str(self.opts["min_np"]),
                 "TUTTI_ELASTIC_MAX_NP": str(self.opts["max_np"])})
         export = []
-        if is_open_mpi(self.opts["mpirun"]):
+        self.open_mpi = is_open_mpi(self.opts["mpirun"])
+        if self.open_mpi:
             names = sorted(set([k for k in os.environ if k.startswith("TUTTI_")] +
                                ["TUTTI_RESTART_COUNT"]))
             # Per node, never one value for all: TUTTI_ELASTIC_HOST.
@@ -528,6 +539,8 @@ class Runner:
                     else "failed: a peer or the network failed (status 76)" if status == COMM_FAILURE
                     else f"failed with status {status}")
             log(f"job {what}")
+            if status == PREEMPTED:
+                self.explain_clean_stop()
             if status == 0:
                 return 0
             if self.notice is not None:

@@ -152,6 +152,10 @@ def run_case(tmp):
                     fail("tutti-run restarted the job after its own SIGTERM")
                 if "SIGUSR1 to mpirun" not in job.output():
                     fail("tutti-run did not report forwarding the notice")
+                if not job.wait_for(r"^\[tutti-run\] status 75 is a clean preemption stop .*"
+                                    r"banners above are expected", 1):
+                    fail(f"tutti-run did not say that the stop with 75 was clean:\n"
+                         f"{job.output()[-3000:]}")
             if server and CASE.startswith("aws"):
                 reqs = server.requests()
                 puts = [r for r in reqs if r["method"] == "PUT"]
