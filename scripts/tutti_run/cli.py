@@ -77,7 +77,10 @@ Signals:
                      tutti-run then exits with the job's status and does not
                      restart: the machine is going away.  A signal that
                      arrives while mpirun is being started is held and
-                     forwarded once it runs.
+                     forwarded once it runs.  The SIGUSR1 is repeated every
+                     2 s until the job ends; mpirun starts with SIGUSR1
+                     ignored, and Open MPI's mpirun puts that back when it
+                     exits, so a repeat that reaches it then is ignored.
   SIGINT             the first one as SIGTERM; a second one terminates the
                      job at once.
 mpirun runs in its own session, so a signal sent to tutti-run's process group
@@ -107,6 +110,9 @@ Exit status: the last job's (0 done, 75 preempted, 76 a peer or the network
 failed, 128+N killed by signal N, else the failure's code); 1 when elastic
 mode found too few slots within --wait-timeout before any job ran.  After a
 75 tutti-run says that mpirun's "job has been aborted" banners are expected.
+An mpirun killed by a SIGUSR1 that tutti-run forwarded (a launcher that
+resets SIGUSR1 to its default action while it exits) counts as 75 when a
+checkpoint was committed since the notice (--ckpt-dir), else as 138.
 """
 import os
 import sys

@@ -168,6 +168,8 @@ class Runner:
         self.discovery_failed = False
         self.usr1_wanted = False  # a stop or resize request to forward to mpirun
         self.usr1_sent = -1e18
+        self.usr1_count = 0       # SIGUSR1s sent to the running job's mpirun
+        self.step_at_notice = None  # committed step when the first one was sent
         self.open_mpi = False
 
     # ---- signals -------------------------------------------------------------
@@ -195,21 +197,53 @@ class Runner:
 
     def forward_usr1(self):
         """Sends SIGUSR1 to mpirun once it handles it, and again every
-        USR1_REPEAT_S while the job runs: mpirun dies of a SIGUSR1 that
-        arrives before it installed its handler, and forwards one only to
+        USR1_REPEAT_S while the job runs: mpirun forwards a signal only to
         the ranks already running, so a notice that lands while the job
         starts would otherwise be lost.  A rank takes a repeated notice as
-        the same notice."""
+        the same notice.  Checking SigCgt first cannot make a send safe (the
+        check and the kill are two steps, and mpirun may put its original
+        disposition back in between, while it exits): spawn() makes that
+        disposition "ignore", and judge_usr1_death() covers a launcher that
+        resets it to the default instead."""
         if not self.usr1_wanted or not self.proc or self.proc.poll() is not None:
             return
         now = time.monotonic()
         if now - self.usr1_sent < USR1_REPEAT_S or not catches(self.proc.pid, signal.SIGUSR1):
             return
+        if self.usr1_count == 0:
+            self.step_at_notice = committed_step(self.opts["ckpt_dir"])
         self.usr1_sent = now
         try:
             self.proc.send_signal(signal.SIGUSR1)
         except ProcessLookupError:
-            pass
+            return
+        self.usr1_count += 1
+
+    def judge_usr1_death(self, returncode, step):
+        """The status to count for a job whose mpirun ended with
+        `returncode`.  mpirun killed by SIGUSR1 after tutti-run forwarded
+        one was stopping anyway (it had a handler when the last one was
+        sent) and died of a repeat that landed while it exited, after it had
+        reset the signal to its default action (Open MPI's mpirun restores
+        the disposition it started with, which spawn() makes "ignore", so
+        this takes another launcher).  A checkpoint committed since the
+        first forward shows the stop did its work: count it as the stop (75)
+        it was.  Without one the ranks' own statuses are unknown: counted
+        as the signal death it is, and said so."""
+        if returncode != -signal.SIGUSR1 or self.usr1_count == 0:
+            return status_of(returncode)
+        head = (f"mpirun was killed by a SIGUSR1 that tutti-run forwarded ({self.usr1_count} "
+                f"sent; one landed while mpirun was exiting)")
+        before = self.step_at_notice
+        if step is not None and (before is None or step > before):
+            log(f"{head}, after the job committed step {step} following the notice: counted as "
+                f"the preemption stop (75) it was")
+            return PREEMPTED
+        where = (f"in {self.opts['ckpt_dir']}" if self.opts["ckpt_dir"] else
+                 "(tutti-run cannot check: no --ckpt-dir or TUTTI_CKPT_DIR)")
+        log(f"{head}; no checkpoint committed since the notice {where}, so the ranks' own exit "
+            f"statuses are unknown: counted as a failure (status {status_of(returncode)})")
+        return status_of(returncode)
 
     def explain_clean_stop(self):
         """One line after a job that ended with 75: Open MPI ends a job one
@@ -235,7 +269,16 @@ class Runner:
         stays pending and is forwarded once self.proc is set; False (nothing
         started, nothing logged) when a notice came before.  The child
         unblocks them and asks the kernel for SIGTERM when tutti-run dies
-        (even by SIGKILL): mpirun answers it by ending the ranks."""
+        (even by SIGKILL): mpirun answers it by ending the ranks.
+
+        mpirun starts with SIGUSR1 ignored.  Open MPI's mpirun (4.1, seen
+        with strace) installs its forwarding handler over that first thing,
+        before it starts any process (so its daemons and ranks start with
+        the default action: exec resets a handler), and when it exits puts
+        back the disposition it started with: a SIGUSR1 that tutti-run sent
+        while the handler was there and that arrives after it is gone is
+        then ignored, instead of killing mpirun (status 138) after its ranks
+        stopped cleanly with 75."""
         parent = os.getpid()
         libc = self.libc
         delay = float(os.environ.get("TUTTI_RUN_TEST_SPAWN_DELAY_S", "0") or 0)
@@ -247,6 +290,7 @@ class Runner:
                 os._exit(143)
             if delay > 0:  # tests: widen the window in which the parent spawns
                 time.sleep(delay)
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, NOTICE_SIGNALS)
 
         signal.pthread_sigmask(signal.SIG_BLOCK, NOTICE_SIGNALS)
@@ -505,6 +549,8 @@ class Runner:
             step_before = committed_step(self.opts["ckpt_dir"])
             self.usr1_wanted = False
             self.usr1_sent = -1e18
+            self.usr1_count = 0
+            self.step_at_notice = None
             self.job_started = time.monotonic()
             self.exit_seen = self.exit_status = self.forced = None
             with self.lock:
@@ -520,15 +566,17 @@ class Runner:
                 return 127
             self.journal.start(attempt, self.np, [f"{h}:{s}" for h, s in self.hosts], reason,
                                self.waited_s)
-            status = status_of(self.wait())
-            if self.forced is not None:
-                status = self.exit_status if isinstance(self.exit_status, int) else COMM_FAILURE
+            returncode = self.wait()
             left = end_session(self.proc.pid, SESSION_GRACE_S)
             if left:
                 log(f"{len(left)} process(es) started by mpirun still running {SESSION_GRACE_S:g} s "
                     f"after it ended ({', '.join(sorted(set(left)))}): killed them")
             self.proc = None
             step = committed_step(self.opts["ckpt_dir"])
+            if self.forced is not None:
+                status = self.exit_status if isinstance(self.exit_status, int) else COMM_FAILURE
+            else:
+                status = self.judge_usr1_death(returncode, step)
             self.journal.end(attempt, status, step)
             progressed = step is not None and (step_before is None or step > step_before)
             what = ("completed" if status == 0 else
@@ -539,7 +587,7 @@ class Runner:
                     else "failed: a peer or the network failed (status 76)" if status == COMM_FAILURE
                     else f"failed with status {status}")
             log(f"job {what}")
-            if status == PREEMPTED:
+            if status == PREEMPTED and returncode == PREEMPTED:
                 self.explain_clean_stop()
             if status == 0:
                 return 0

@@ -1,13 +1,16 @@
 """tutti-run driving real jobs: deterministic resume after a SIGKILL at a
-random step, resume on a different number of ranks, and the launcher's
-restart / signal / pass-through behaviour.
+random step, resume on a different number of ranks, the launcher's
+restart / signal / pass-through behaviour, and a SIGUSR1 that reaches
+mpirun while it exits.
 
-usage: tutti_run_test.py TINY_TRAIN TUTTI_RUN MPIEXEC CASE [NP]
-CASE: resume-random-kill | resume-4-to-2 | launcher
+usage: tutti_run_test.py TINY_TRAIN TUTTI_RUN MPIEXEC CASE [NP [LATE_USR1_LIB]]
+CASE: resume-random-kill | resume-4-to-2 | launcher | teardown-usr1 (needs
+      LATE_USR1_LIB, the library built from late_usr1.c)
 """
 import filecmp
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -19,6 +22,7 @@ from jobs import Job, fail, finish  # noqa: E402
 
 TRAIN, TUTTI_RUN, MPIEXEC, CASE = sys.argv[1:5]
 NP = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+LATE_USR1_LIB = sys.argv[6] if len(sys.argv) > 6 else None
 MPI_OPTS = ["--oversubscribe", "--bind-to", "none"]
 
 
@@ -168,10 +172,113 @@ def case_launcher(tmp):
         job.kill()
 
 
+def late_usr1(marker, reset=False):
+    """Environment that has late_usr1.c raise SIGUSR1 in mpirun's exit once
+    `marker` exists (reset: after resetting it to the default action)."""
+    env = {"LD_PRELOAD": LATE_USR1_LIB, "TUTTI_TEST_LATE_USR1_IN": os.path.basename(MPIEXEC),
+           "TUTTI_TEST_LATE_USR1_AFTER": marker}
+    if reset:
+        env["TUTTI_TEST_LATE_USR1_RESET"] = "1"
+    return env
+
+
+def stop_when(job, ready, count, marker, what):
+    """Waits for `count` lines `ready`, creates marker and sends SIGTERM to
+    tutti-run; the job's status, or None (it did not get ready)."""
+    deadline = time.monotonic() + 60
+    while job.output().splitlines().count(ready) < count and time.monotonic() < deadline:
+        if job.proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    if job.output().splitlines().count(ready) < count:
+        fail(f"{what}: no {count} '{ready}' lines:\n{job.output()[-3000:]}")
+        job.kill()
+        return None
+    open(marker, "w").close()
+    job.proc.send_signal(signal.SIGTERM)
+    return job.wait(60)
+
+
+def case_teardown_usr1(tmp):
+    # tutti-run repeats SIGUSR1 to mpirun while the job runs; one can reach
+    # mpirun after it put its original disposition back while exiting.
+    # late_usr1.c makes that happen in every run (by timing alone: once in
+    # many, and then the clean stop was reported as "status 138").
+    mpiexec = os.path.basename(MPIEXEC)
+    prog = ["sh", "-c", "trap 'echo GOT_USR1; exit 75' USR1; "
+            "echo SIGIGN=$(awk '/^SigIgn/ {print $2}' /proc/$$/status); echo READY; "
+            "sleep 30 & wait"]
+    # Open MPI's mpirun restores the disposition it started with, which
+    # tutti-run makes "ignore" (and the ranks still start with the default).
+    marker = os.path.join(tmp, "notice-1")
+    job = tutti_run(NP, prog, opts=["--max-restarts", "3"], env=late_usr1(marker))
+    what = "a SIGUSR1 in mpirun's exit"
+    rc = stop_when(job, "READY", NP, marker, what)
+    out = job.output()
+    lines = out.splitlines()
+    masks = [int(l[7:], 16) for l in lines if re.fullmatch(r"SIGIGN=[0-9a-f]{16}", l)]
+    if rc is None:
+        pass
+    elif rc != 75 or "restart 1" in out:
+        fail(f"{what}: status {rc}, expected 75 and no restart (138: the SIGUSR1 killed "
+             f"mpirun):\n{out[-3000:]}")
+    elif f"late-usr1: SIGUSR1 raised in {mpiexec}'s exit (disposition ignored)" not in lines or \
+            f"late-usr1: {mpiexec} survived it" not in lines:
+        fail(f"{what}: mpirun did not exit with SIGUSR1 ignored:\n{out[-3000:]}")
+    elif lines.count("GOT_USR1") != NP or len(masks) != NP or \
+            any(mask >> (signal.SIGUSR1 - 1) & 1 for mask in masks):
+        fail(f"{what}: every rank must start with SIGUSR1's default action and get the "
+             f"notice:\n{out[-3000:]}")
+    elif not job.wait_for(r"\[tutti-run\] status 75 is a clean preemption stop .*mpirun's "
+                          r"\"job has been aborted\" banners above are expected", 1):
+        fail(f"{what}: no line saying the stop was clean:\n{out[-3000:]}")
+    else:
+        print(f"{what}: ignored, clean stop with 75", flush=True)
+    # A launcher that resets SIGUSR1 to the default action dies of it: with a
+    # checkpoint committed since the notice that is the stop it was (75) ...
+    d = os.path.join(tmp, "ckpt")
+    marker = os.path.join(tmp, "notice-2")
+    job = tutti_run(NP, [TRAIN, "--dir", d, "--steps", "1000000", "--save-every", "40",
+                         "--step-ms", "20"],
+                    opts=["--max-restarts", "3", "--ckpt-dir", d], env=late_usr1(marker, True))
+    what = "mpirun killed in its exit, stop checkpoint committed"
+    rc = stop_when(job, "FRESH", 1, marker, what)
+    out = job.output()
+    m = job.wait_for(r"^PREEMPTED (\d+)", 1)
+    if rc is None:
+        pass
+    elif not job.wait_for(rf"^late-usr1: SIGUSR1 raised in {re.escape(mpiexec)}'s exit \(.*, reset to "
+                          r"default first\)$", 1) or "survived it" in out:
+        fail(f"{what}: mpirun was not killed in its exit:\n{out[-3000:]}")
+    elif rc != 75 or not m or not job.wait_for(
+            rf"\[tutti-run\] mpirun was killed by a SIGUSR1 that tutti-run forwarded .*after the "
+            rf"job committed step {m.group(1)} following the notice: counted as the preemption "
+            rf"stop \(75\)", 1):
+        fail(f"{what}: status {rc}, expected 75 with the reason:\n{out[-3000:]}")
+    elif "clean preemption stop" in out or "restart 1" in out:
+        fail(f"{what}: reported as a plain clean stop, or restarted:\n{out[-3000:]}")
+    else:
+        print(f"{what}: counted as the stop at step {m.group(1)}", flush=True)
+    # ... and without a checkpoint directory to check, the signal death it is.
+    marker = os.path.join(tmp, "notice-3")
+    job = tutti_run(NP, prog, opts=["--max-restarts", "3"],
+                    env=dict(late_usr1(marker, True), TUTTI_CKPT_DIR=""))
+    what = "mpirun killed in its exit, nothing to check"
+    rc = stop_when(job, "READY", NP, marker, what)
+    out = job.output()
+    if rc is not None and (rc != 138 or "restart 1" in out or not job.wait_for(
+            r"no checkpoint committed since the notice \(tutti-run cannot check: no --ckpt-dir "
+            r"or TUTTI_CKPT_DIR\), so the ranks' own exit statuses are unknown: counted as a "
+            r"failure \(status 138\)", 1)):
+        fail(f"{what}: status {rc}, expected 138 with the reason:\n{out[-3000:]}")
+    elif rc is not None:
+        print(f"{what}: 138, explained", flush=True)
+
+
 tmp = tempfile.mkdtemp(prefix="tutti-run-test-")
 try:
     {"resume-random-kill": case_resume_random_kill, "resume-4-to-2": case_resume_4_to_2,
-     "launcher": case_launcher}[CASE](tmp)
+     "launcher": case_launcher, "teardown-usr1": case_teardown_usr1}[CASE](tmp)
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 finish(f"tutti-run case '{CASE}'")
