@@ -111,22 +111,37 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
                   ? nlohmann::json{{"world_size", group->size()}}
                   : ckpt::parse_user_metadata(o.mesh_json);
   comm_ = group->split_group(0, group->rank(), group->name() + "/checkpoint");
-  // Rank 0 holds the directory lock for the job; every rank learns the
-  // outcome, so a second job fails on all its ranks naming the owner.
+  // Rank 0 creates the directory and holds its lock for the job; every rank
+  // learns the outcome with rank 0's error code, so every rank raises the
+  // same kind: kIo when the directory cannot be created or written (a file
+  // in the way, no permission), kInvalidArgument when another job owns it.
   std::string lock_error;
+  int64_t lock_code = 0;
   if (comm_->rank() == 0) {
     try {
       lock_ = ckpt::DirLock::acquire(cfg_.root, ckpt::default_job_id(), cfg_.file_mode,
                                      cfg_.dir_mode);
     } catch (const Error& e) {
       lock_error = e.message();
+      const std::string own = detail::rank_prefix();  // said once, by the throw below
+      if (lock_error.compare(0, own.size(), own) == 0) lock_error.erase(0, own.size());
+      lock_code = static_cast<int64_t>(e.code());
     }
   }
-  lock_error = ckpt::Agreement(*comm_, cfg_.timeout_s, "checkpoint directory lock")
-                   .broadcast(lock_error, 0, "locking the directory");
-  if (!lock_error.empty())
-    TUTTI_THROW(kInvalidArgument, "CheckpointManager: ",
-                comm_->rank() == 0 ? "" : "rank 0 reports: ", lock_error);
+  ckpt::Agreement agree(*comm_, cfg_.timeout_s, "checkpoint directory lock");
+  lock_code = agree.broadcast(lock_code, 0, "locking the directory");
+  if (lock_code != 0) {
+    lock_error = agree.broadcast(lock_error, 0, "locking the directory");
+    const auto code = static_cast<ErrorCode>(lock_code);
+    detail::throw_error(
+        code, __FILE__, __LINE__,
+        detail::cat("CheckpointManager: ", comm_->rank() == 0 ? "" : "rank 0 reports: ",
+                    code == ErrorCode::kIo
+                        ? "the checkpoint directory '" + cfg_.root +
+                              "' cannot be created or written: "
+                        : "",
+                    lock_error));
+  }
   fresh_ = ckpt::make_fresh_start_rule(o.fresh_start, lock_ && lock_->existed_before());
   if (async_) writer_ = std::thread([this] { writer_loop(); });
 }

@@ -187,8 +187,20 @@ bool is_directory(const std::string& path) {
 
 void make_dir(const std::string& path, unsigned mode) {
   if (::mkdir(path.c_str(), static_cast<mode_t>(mode)) == 0) return;
-  if (errno == EEXIST && is_directory(path)) return;
-  io_error("creating directory", path, errno);
+  const int err = errno;
+  if (err == EEXIST) {
+    if (is_directory(path)) return;
+    struct stat st;
+    const bool link = ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    const bool target = ::stat(path.c_str(), &st) == 0;
+    const char* what = !target                ? "a symbolic link to nothing"
+                       : S_ISREG(st.st_mode) ? (link ? "a symbolic link to a regular file"
+                                                     : "a regular file")
+                                             : "something other than a directory";
+    TUTTI_THROW(kIo, "creating directory '", path,
+                "' failed: it exists and is not a directory (", what, ")");
+  }
+  io_error("creating directory", path, err);
 }
 
 void make_dirs(const std::string& path, unsigned mode) {

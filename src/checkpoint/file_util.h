@@ -74,9 +74,12 @@ unsigned permission_mode(unsigned requested, const char* setting);
 std::string join_path(const std::string& dir, const std::string& name);
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
-// mkdir; an existing directory is fine (its mode is left as it is).
+// mkdir; an existing directory is fine (its mode is left as it is).  Any
+// failure is Error(kIo); something else at `path` (a regular file, a
+// symlink to one) is named as such rather than as "File exists".
 void make_dir(const std::string& path, unsigned mode = kDirMode);
-// Creates the directory and missing parents.
+// Creates the directory and missing parents (a parent that is a file is
+// reported by make_dir as that parent).
 void make_dirs(const std::string& path, unsigned mode = kDirMode);
 void fsync_dir(const std::string& dir);
 void rename_path(const std::string& from, const std::string& to);

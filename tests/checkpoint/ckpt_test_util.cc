@@ -1,10 +1,13 @@
 #include "ckpt_test_util.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -31,6 +34,43 @@ ScratchDir::~ScratchDir() {
     if (group_->rank() == 0) ckpt::remove_tree(path_);
   } catch (...) {
   }
+}
+
+namespace {
+
+bool can_create_in(const std::string& dir) {
+  const std::string probe = dir + "/.tutti-write-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
+
+}  // namespace
+
+std::string unwritable_dir(const ProcessGroupPtr& g, const ScratchDir& tmp) {
+  const std::string ro = tmp.sub("read-only");
+  if (g->rank() == 0 && (::mkdir(ro.c_str(), 0700) != 0 || ::chmod(ro.c_str(), 0500) != 0))
+    ADD_FAILURE() << "could not make " << ro << " with mode 0500: " << std::strerror(errno);
+  g->barrier();
+  std::string found;
+  for (const std::string& dir : {ro, std::string("/sys")})
+    if (ckpt::is_directory(dir) && !can_create_in(dir)) {
+      found = dir;
+      break;
+    }
+  // The same answer everywhere (one host, one user: a difference is a bug here).
+  int64_t which = found.empty() ? 0 : (found == ro ? 1 : 2);
+  int64_t lo = which, hi = which;
+  g->allreduce(Tensor::of(&lo, 1), ReduceOp::kMin);
+  g->allreduce(Tensor::of(&hi, 1), ReduceOp::kMax);
+  if (lo != hi) {
+    ADD_FAILURE() << "ranks disagree about an unwritable directory (this rank: '" << found
+                  << "')";
+    return "";
+  }
+  return found;
 }
 
 double blob_value(uint64_t seed, size_t tensor, int64_t i) {

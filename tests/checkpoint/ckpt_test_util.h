@@ -29,6 +29,12 @@ class ScratchDir {
   std::string path_;
 };
 
+// Collective: a directory in which this process cannot create entries, the
+// same on every rank, or "" where there is none (the caller skips).
+// Permission bits stop an ordinary user (a 0500 directory in `tmp`) but not
+// root, who gets /sys instead: sysfs refuses new entries to everyone.
+std::string unwritable_dir(const ProcessGroupPtr& g, const ScratchDir& tmp);
+
 // One tensor per dtype and a few shapes; element i of tensor k holds a value
 // determined by (seed, k, i) so that any mix of two saves is detectable.
 class Blob : public Stateful {

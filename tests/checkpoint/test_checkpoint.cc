@@ -1,9 +1,14 @@
 // CheckpointManager end to end, on 1-4 ranks: round trips, async isolation,
-// retention, leftovers, corruption fallback, agreed failures, mismatches.
+// retention, leftovers, corruption fallback, agreed failures, mismatches,
+// and unusable directories (kIo from the constructor and from save()).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "checkpoint/catalog.h"
 #include "checkpoint/fault_inject.h"
@@ -380,6 +385,89 @@ TEST(CheckpointErrors, OneRanksInvalidStateRaisesEverywhere) {
   m.save(7, good);
   m.wait();
   EXPECT_EQ(*m.latest_step(), 7) << "the manager stays usable";
+}
+
+// A checkpoint directory that cannot be created or written is an I/O error
+// (kIo; Python: CheckpointError) on every rank, from the constructor and from
+// save() alike, and a file in the way is named as one, not as "File exists".
+void expect_io(const std::function<void()>& call, const std::vector<std::string>& want) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected kIo naming: " << want.front();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(std::string(error_code_name(e.code())), error_code_name(ErrorCode::kIo)) << msg;
+    for (const auto& w : want)
+      EXPECT_NE(msg.find(w), std::string::npos) << "expected: " << w << "\nin: " << msg;
+    EXPECT_EQ(msg.find("File exists"), std::string::npos) << msg;
+  }
+}
+
+void expect_constructor_io(const ProcessGroupPtr& w, const std::string& dir,
+                           const std::string& cause) {
+  SCOPED_TRACE("CheckpointManager(" + dir + ")");
+  expect_io([&] { CheckpointManager m(w, opts(dir)); },
+            {"the checkpoint directory '" + dir + "' cannot be created or written", cause});
+}
+
+// save() after rank 0 moved the manager's directory aside and `put` something
+// in its place; then the directory comes back and a save succeeds.
+void expect_save_io_when_replaced(const ProcessGroupPtr& w, const ScratchDir& tmp,
+                                  const std::function<void(const std::string&)>& put,
+                                  const std::string& cause_after_root) {
+  const std::string root = tmp.sub("ckpt");
+  const std::string moved = tmp.sub("ckpt.moved");
+  Blob a({10});
+  CheckpointManager m(w, opts(root));
+  a.fill(seed(1, w->rank()));
+  m.save(1, {{"a", &a}});
+  m.wait();
+  w->barrier();
+  if (w->rank() == 0) {
+    EXPECT_EQ(::rename(root.c_str(), moved.c_str()), 0);
+    put(root);
+  }
+  w->barrier();
+  expect_io([&] {
+    m.save(2, {{"a", &a}});
+    m.wait();
+  }, {"checkpoint step 2 not saved", "creating directory '" + root + cause_after_root});
+  w->barrier();
+  if (w->rank() == 0) {
+    EXPECT_EQ(::unlink(root.c_str()), 0);
+    EXPECT_EQ(::rename(moved.c_str(), root.c_str()), 0);
+  }
+  w->barrier();
+  a.fill(seed(3, w->rank()));
+  m.save(3, {{"a", &a}});
+  m.wait();
+  EXPECT_EQ(*m.latest_step(), 3) << "the manager stays usable";
+}
+
+TEST(CheckpointErrors, AFileInTheWayIsAnIoErrorFromTheConstructorAndFromSave) {
+  auto w = world();
+  ScratchDir tmp(w);
+  const std::string file = tmp.sub("file");
+  if (w->rank() == 0) test::write_text(file, "not a directory\n");
+  w->barrier();
+  const std::string not_a_dir = "' failed: it exists and is not a directory (a regular file)";
+  expect_constructor_io(w, file, "creating directory '" + file + not_a_dir);
+  expect_constructor_io(w, file + "/ckpt", "creating directory '" + file + not_a_dir);
+  expect_save_io_when_replaced(
+      w, tmp, [](const std::string& root) { test::write_text(root, "x"); }, not_a_dir);
+}
+
+TEST(CheckpointErrors, AnUnwritableDirectoryIsAnIoErrorFromTheConstructorAndFromSave) {
+  auto w = world();
+  ScratchDir tmp(w);
+  const std::string ro = test::unwritable_dir(w, tmp);  // collective
+  if (ro.empty())
+    GTEST_SKIP() << "no directory refuses this process new entries (root without /sys)";
+  expect_constructor_io(w, ro, "creating the checkpoint directory lock '" + ro + "/tutti.lock' failed");
+  expect_save_io_when_replaced(
+      w, tmp,
+      [&](const std::string& root) { EXPECT_EQ(::symlink(ro.c_str(), root.c_str()), 0); },
+      "/step-00000002' failed");
 }
 
 // One rank's failed write raises on every rank, promptly, and publishes

@@ -4,7 +4,8 @@ isolation, corruption fallback, safetensors interop, mismatches on every
 rank; preemption notices (code, signal, trigger file, a mock AWS metadata
 server) agreed across ranks; and tutti.torch.checkpoint resuming a training
 run bit-exactly (model, Adam, loss scaler, compressor, RNG, data position).
-Skipped when the build has no checkpoint/preemption layer."""
+A directory that cannot be used (a file in the way, no write permission)
+raises CheckpointError from the constructor and from save() alike."""
 import http.server
 import os
 import shutil
@@ -130,6 +131,108 @@ def test_no_checkpoint_yet(world, ckpt_dir):
     with tutti.CheckpointManager(world, ckpt_dir) as mgr:
         assert mgr.load({"m": {"v": np.zeros(2)}}) is None and mgr.latest_step() is None
         assert hvd.checkpoint.load(mgr, model=torch.nn.Linear(2, 2)) is None
+
+
+def _unwritable_dir(world, base):
+    """A directory in which this process cannot create entries (the same on
+    every rank), or None: a 0500 directory stops an ordinary user, and sysfs
+    refuses new entries even to root."""
+    ro = os.path.join(base, "read-only")
+    if world.rank == 0:
+        os.mkdir(ro, 0o500)
+        os.chmod(ro, 0o500)
+    world.barrier()
+    found = None
+    for d in (ro, "/sys"):
+        probe = os.path.join(d, f".tutti-write-probe-{os.getpid()}")
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.unlink(probe)
+        except OSError:
+            if os.path.isdir(d):
+                found = d
+                break
+    which = np.array([[None, ro, "/sys"].index(found)], np.int64)
+    lo, hi = which.copy(), which.copy()
+    world.allreduce(lo, op="min")
+    world.allreduce(hi, op="max")
+    assert lo[0] == hi[0], f"ranks disagree about an unwritable directory (this rank: {found})"
+    return found
+
+
+def _expect_checkpoint_error(call, *wanted):
+    """call() raises CheckpointError (not InvalidArgumentError) naming every
+    one of `wanted`, and never "File exists"."""
+    with pytest.raises(tutti.CheckpointError) as info:
+        call()
+    msg = str(info.value)
+    assert info.value.code == "I/O error", msg
+    assert not isinstance(info.value, tutti.InvalidArgumentError), msg
+    for w in wanted:
+        assert w in msg, f"expected {w!r} in: {msg}"
+    assert "File exists" not in msg, msg
+
+
+def _save_fails_while_replaced(world, base, put, *wanted):
+    """save() after rank 0 moved the manager's directory aside and `put`
+    something in its place; then the directory comes back and saves work."""
+    root, moved = os.path.join(base, "ckpt"), os.path.join(base, "ckpt.moved")
+    with tutti.CheckpointManager(world, root, async_save=True) as mgr:
+        w = np.ones(3)
+        mgr.save(1, {"m": {"w": w}})
+        mgr.wait()
+        world.barrier()
+        if world.rank == 0:
+            os.rename(root, moved)
+            put(root)
+        world.barrier()
+
+        def save():
+            mgr.save(2, {"m": {"w": w}})
+            mgr.wait()
+        _expect_checkpoint_error(save, "checkpoint step 2 not saved", *wanted)
+        world.barrier()
+        if world.rank == 0:
+            os.unlink(root)
+            os.rename(moved, root)
+        world.barrier()
+        mgr.save(3, {"m": {"w": w}})
+        mgr.wait()
+        assert mgr.latest_step() == 3, "the manager stays usable"
+
+
+def test_a_file_in_the_way_is_a_checkpoint_error_from_the_constructor_and_save(world,
+                                                                                ckpt_dir):
+    file = os.path.join(ckpt_dir, "file")
+    if world.rank == 0:
+        with open(file, "w") as f:
+            f.write("not a directory\n")
+    world.barrier()
+    not_a_dir = f"creating directory '{file}' failed: it exists and is not a directory " \
+                "(a regular file)"
+    for d in (file, os.path.join(file, "ckpt")):
+        _expect_checkpoint_error(lambda: tutti.CheckpointManager(world, d), not_a_dir,
+                                 f"the checkpoint directory '{d}' cannot be created or written")
+
+    def put_file(root):
+        with open(root, "w") as f:
+            f.write("x")
+    root = os.path.join(ckpt_dir, "ckpt")
+    _save_fails_while_replaced(world, ckpt_dir, put_file, f"creating directory '{root}' failed: "
+                               "it exists and is not a directory (a regular file)")
+
+
+def test_an_unwritable_directory_is_a_checkpoint_error_from_the_constructor_and_save(world,
+                                                                                     ckpt_dir):
+    ro = _unwritable_dir(world, ckpt_dir)
+    if ro is None:
+        pytest.skip("no directory refuses this process new entries (root without /sys)")
+    _expect_checkpoint_error(lambda: tutti.CheckpointManager(world, ro),
+                             f"the checkpoint directory '{ro}' cannot be created or written",
+                             f"creating the checkpoint directory lock '{ro}/tutti.lock' failed")
+    root = os.path.join(ckpt_dir, "ckpt")
+    _save_fails_while_replaced(world, ckpt_dir, lambda r: os.symlink(ro, r),
+                               f"creating directory '{root}/step-00000002' failed")
 
 
 # ---- preemption -------------------------------------------------------------------
