@@ -5,7 +5,10 @@ a dynamic loss scaler's fused unscale + check, and checkpoints that resume.
     mpirun -np 4 python examples/python/numpy_train.py --steps 200 --compression fp16
 
 No framework: tutti takes numpy arrays through DLPack (zero copy).  Exits
-non-zero if the replicas differ or the loss did not drop.
+non-zero if the replicas differ or the loss did not drop: the replica check
+compares every rank with every other (an all-reduce of each parameter's max
+and min), so every rank reaches the same verdict; ``--perturb-rank R``
+nudges rank R's parameters just before it, to watch it fail.
 """
 import argparse
 import sys
@@ -23,6 +26,9 @@ def main():
     ap.add_argument("--compression", default="none")
     ap.add_argument("--ckpt-dir", default="")
     ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--perturb-rank", type=int, default=-1,
+                    help="this rank adds 1e-3 to a weight before the replica check "
+                         "(to see the check fail)")
     args = ap.parse_args()
 
     tutti.init()
@@ -94,12 +100,21 @@ def main():
         mgr.wait()
         mgr.close()
 
-    # Every replica must hold the same parameters, bit for bit.
-    flat = np.concatenate([params["w"].ravel(), params["b"]])
-    same = np.array_equal(tutti.broadcast(flat, 0), flat)
+    # Every replica must hold the same parameters, bit for bit: the spread of
+    # each element over the ranks (max - min), the same on every rank.  (Not
+    # a comparison with rank 0's broadcast, which on rank 0 compares rank 0
+    # with itself.)  NaN or infinity anywhere counts as a difference.
+    if rank == args.perturb_rank:
+        params["w"].flat[0] += 1e-3
+    flat = np.concatenate([params["w"].ravel(), params["b"]]).astype(np.float64)
+    finite = tutti.allreduce(np.array([np.isfinite(flat).all()], np.int32), op="min")[0]
+    spread = (tutti.allreduce(flat, op="max") - tutti.allreduce(flat, op="min")).max()
+    diff = float(spread) if finite else float("inf")
+    same = diff == 0.0
     ok = same and (start > 0 or last < 0.6 * first)
     if rank == 0 and first is not None:
-        print(f"loss {first:.4f} -> {last:.4f}; replicas {'identical' if same else 'DIFFER'}")
+        verdict = "identical" if same else f"DIFFER (max difference {diff:.3g})"
+        print(f"loss {first:.4f} -> {last:.4f}; replicas {verdict}")
     tutti.shutdown()
     return 0 if ok else 1
 

@@ -7,11 +7,15 @@ feedback, and spot-safe checkpoints with preemption notices.
 
     mpirun -np 4 python examples/python/torch_horovod.py --epochs 3 --ckpt-dir /tmp/ck
 
-Exits non-zero if the replicas differ or the model did not learn.  Under
-tutti-run it resumes after a preemption (exit code 75) from the newest
-checkpoint, data position included.
+Exits non-zero if the replicas differ or the model did not learn.  The
+replica check compares every rank with every other (an all-reduce of each
+parameter's max and min), so all ranks print the same verdict;
+``--perturb-rank R`` nudges rank R's parameters just before it, to watch it
+fail.  Under tutti-run it resumes after a preemption (exit code 75) from the
+newest checkpoint, data position included.
 """
 import argparse
+import math
 import sys
 
 import torch
@@ -32,6 +36,23 @@ def dataset(n=4096, seed=0):
     return x, label
 
 
+def replicas_max_difference(model):
+    """Collective: the largest difference between any two ranks' values of
+    any parameter, the same number on every rank (0.0 exactly when the
+    replicas are identical; inf when a rank holds a NaN or an infinity).
+
+    Not ``torch.equal(hvd.broadcast(flat, root_rank=0), flat)``: on rank 0
+    that compares rank 0 with itself and is True however far the others
+    drifted."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    finite = torch.tensor([1.0 if bool(torch.isfinite(flat).all()) else 0.0])
+    if hvd.allreduce(finite, op=hvd.Min, name="replicas.finite").item() < 1.0:
+        return math.inf
+    hi = hvd.allreduce(flat, op=hvd.Max, name="replicas.max")
+    lo = hvd.allreduce(flat, op=hvd.Min, name="replicas.min")
+    return (hi - lo).max().item()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=3)
@@ -41,6 +62,9 @@ def main():
                     choices=["none", "fp16", "bf16", "topk", "powersgd", "onebit", "auto"])
     ap.add_argument("--ckpt-dir", default="")
     ap.add_argument("--ckpt-every", type=int, default=40)
+    ap.add_argument("--perturb-rank", type=int, default=-1,
+                    help="this rank adds 1e-3 to a weight before the replica check "
+                         "(to see the check fail)")
     args = ap.parse_args()
 
     hvd.init()
@@ -98,19 +122,23 @@ def main():
         mgr.wait()
         mgr.close()
 
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    same = torch.equal(hvd.broadcast(flat, root_rank=0), flat)
+    if hvd.rank() == args.perturb_rank:
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] += 1e-3
+    diff = replicas_max_difference(model)
+    same = diff == 0.0
     with torch.no_grad():
         acc = (model(x).argmax(1) == y).float().mean().item()
-    ok = same and (start > 0 or (last < 0.8 * first and acc > 0.7))
+    learned = start > 0 or (last < 0.8 * first and acc > 0.7)
     st = opt.compressor.stats() if opt.compressor is not None else None
     ratio = (f", gradient bytes x{st['uncompressed_bytes'] / max(st['wire_bytes'], 1):.1f} smaller"
              if st and st["wire_bytes"] else "")
     if hvd.rank() == 0:
-        print(f"loss {first:.4f} -> {last:.4f}, accuracy {acc:.3f}, "
-              f"replicas {'identical' if same else 'DIFFER'}{ratio}")
+        verdict = "identical" if same else f"DIFFER (max difference {diff:.3g})"
+        losses = f"loss {first:.4f} -> {last:.4f}" if first is not None else "no steps left"
+        print(f"{losses}, accuracy {acc:.3f}, replicas {verdict}{ratio}")
     hvd.shutdown()
-    return 0 if ok else 1
+    return 0 if same and learned else 1
 
 
 if __name__ == "__main__":
