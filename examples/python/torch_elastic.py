@@ -2,8 +2,8 @@
 
 The only change from Horovod is the import (``import tutti.torch as hvd``).
 Horovod re-forms the job in-process; tutti commits the state as a
-checkpoint and tutti-run starts the job again (docs/python.md, "Elastic
-(Horovod-compatible)"):
+checkpoint and tutti-run starts the job again (docs/python_checkpoint.md,
+"Elastic (Horovod-compatible)"):
 
     # a fixed size, restarted after failures and preemption notices:
     TUTTI_CKPT_DIR=/tmp/ck tutti-run -np 2 python examples/python/torch_elastic.py

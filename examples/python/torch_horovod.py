@@ -1,29 +1,43 @@
-"""A PyTorch training script in Horovod style, on tutti.
+"""A PyTorch training script in Horovod style, on tutti, safe on spot machines.
 
 Replace ``import horovod.torch as hvd`` with ``import tutti.torch as hvd``
-and the script runs unchanged; this one also uses what Horovod lacks:
+and a Horovod script runs unchanged; this one also uses what Horovod lacks:
 tutti's loss scaler (overflow agreed across ranks), PowerSGD with error
-feedback, and spot-safe checkpoints with preemption notices.
+feedback, and spot-safe checkpoints with preemption notices
+(docs/python.md, "From a DDP or Horovod script to a spot-safe one").
 
-    mpirun -np 4 python examples/python/torch_horovod.py --epochs 3 --ckpt-dir /tmp/ck
+    mpirun -np 4 python examples/python/torch_horovod.py --epochs 3
+    TUTTI_CKPT_DIR=/tmp/ck tutti-run -np 4 python examples/python/torch_horovod.py
+
+With a checkpoint directory (``--ckpt-dir``, default ``TUTTI_CKPT_DIR``) it
+saves every ``--ckpt-every`` steps; on a spot notice every rank saves at the
+same step and exits with 75, and under tutti-run the next run resumes from
+the newest checkpoint, data position included.
 
 Exits non-zero if the replicas differ or the model did not learn.  The
 replica check compares every rank with every other (an all-reduce of each
 parameter's max and min), so all ranks print the same verdict;
 ``--perturb-rank R`` nudges rank R's parameters just before it, to watch it
-fail.  Under tutti-run it resumes after a preemption (exit code 75) from the
-newest checkpoint, data position included.
+fail.
 """
 import argparse
 import math
+import os
 import sys
 
-import torch
-import torch.nn.functional as F
-
 import tutti
-import tutti.torch as hvd
-import tutti.torch.checkpoint as tckpt
+
+# First, before the slow imports (torch takes seconds): until the monitor has
+# installed its handlers, a SIGUSR1 -- how tutti-run and mpirun deliver a spot
+# notice -- ends the process.  Sources: TUTTI_PREEMPT_SOURCES (signals and the
+# trigger file by default; add aws, gcp or azure on those clouds).
+monitor = tutti.PreemptionMonitor()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tutti.torch as hvd  # noqa: E402
+import tutti.torch.checkpoint as tckpt  # noqa: E402
 
 
 def dataset(n=4096, seed=0):
@@ -60,7 +74,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--compression", default="powersgd",
                     choices=["none", "fp16", "bf16", "topk", "powersgd", "onebit", "auto"])
-    ap.add_argument("--ckpt-dir", default="")
+    ap.add_argument("--ckpt-dir", default=os.environ.get("TUTTI_CKPT_DIR", ""),
+                    help="checkpoint directory (default: TUTTI_CKPT_DIR; none: no checkpoints)")
     ap.add_argument("--ckpt-every", type=int, default=40)
     ap.add_argument("--perturb-rank", type=int, default=-1,
                     help="this rank adds 1e-3 to a weight before the replica check "
@@ -81,11 +96,10 @@ def main():
     x, y = dataset()
     per_epoch = len(x) // (args.batch * hvd.size())
     start = 0
-    mgr = monitor = None
+    mgr = None
     if args.ckpt_dir:
         mgr = tutti.CheckpointManager(tutti.world(), args.ckpt_dir, keep_last=2)
-        monitor = tutti.PreemptionMonitor()  # TUTTI_PREEMPT_SOURCES (signals by default)
-        res = tckpt.load(mgr, model=model, optimizer=opt, scaler=scaler)
+        res = tckpt.load(mgr, model=model, optimizer=opt, scaler=scaler)  # None: fresh start
         if res is not None:
             start = res["data_position"]["step"]
             if hvd.rank() == 0:
@@ -93,6 +107,10 @@ def main():
     if start == 0:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    def save(step):
+        tckpt.save(mgr, step, model=model, optimizer=opt, scaler=scaler,
+                   data_position={"step": step})
 
     total = args.epochs * per_epoch
     first = last = None
@@ -112,12 +130,18 @@ def main():
         if hvd.rank() == 0 and (step + 1) % per_epoch == 0:
             print(f"epoch {epoch + 1}/{args.epochs} | loss {avg:.4f} | "
                   f"scale {scaler.get_scale():g} | skipped {scaler.skipped_steps}")
-        if mgr and ((step + 1) % args.ckpt_every == 0 or monitor.should_stop()):
-            tckpt.save(mgr, step + 1, model=model, optimizer=opt, scaler=scaler,
-                       data_position={"step": step + 1})
-            if monitor.should_stop():
-                mgr.wait()
-                tutti.exit_preempted()  # exit code 75: tutti-run restarts the job
+        # Collective, every step: the same answer on every rank.
+        action = monitor.decide()
+        if action == tutti.checkpoint.PreemptionAction.STOP:
+            if mgr:
+                save(step + 1)
+                mgr.wait()  # committed on every rank
+            elif hvd.rank() == 0:
+                print("stop notice: nothing saved (no checkpoint directory)")
+            tutti.exit_preempted()  # exit code 75: tutti-run restarts the job
+        if mgr and (action == tutti.checkpoint.PreemptionAction.SAVE_NOW
+                    or (step + 1) % args.ckpt_every == 0):
+            save(step + 1)  # async: training goes on while it is written
     if mgr:
         mgr.wait()
         mgr.close()
