@@ -59,6 +59,11 @@ Elastic mode (docs/elastic.md):
                                 (default 600)
   --probe-timeout S             bound on the reachability probe of each host
                                 (default 10)
+  --probe-concurrency N         at most N probes at once (default 64: each is an
+                                agent process with its pipes, and a
+                                thousand at once would exhaust file
+                                descriptors); N unanswered hosts cost about
+                                --probe-timeout each round
   --probe-command CMD           run as 'CMD HOST true' to probe a host
                                 (default: the rsh agent mpirun will use:
                                 --mca plm_rsh_agent, OMPI_MCA_plm_rsh_agent,
@@ -117,6 +122,8 @@ checkpoint was committed since the notice (--ckpt-dir), else as 138.
 import os
 import sys
 
+from . import hosts as H
+
 NUMBER_FLAGS = {
     "--max-restarts": ("max_restarts", int), "--backoff": ("backoff", float),
     "--stop-timeout": ("stop_timeout", float), "--min-np": ("min_np", int),
@@ -124,6 +131,7 @@ NUMBER_FLAGS = {
     "--grow-interval": ("grow_interval", float), "--wait-timeout": ("wait_timeout", float),
     "--leaving-ttl": ("leaving_ttl", float), "--probe-timeout": ("probe_timeout", float),
     "--np-multiple-of": ("np_multiple_of", int), "--exit-grace": ("exit_grace", float),
+    "--probe-concurrency": ("probe_concurrency", int),
 }
 STRING_FLAGS = {
     "--mpirun": "mpirun", "--host-discovery-script": "discovery_script",
@@ -166,6 +174,7 @@ def parse_args(argv):
         "discovery_interval": 5.0, "grow_interval": 60.0, "wait_timeout": 600.0,
         "leaving_ttl": 600.0, "probe_timeout": 10.0, "probe_command": None,
         "np_multiple_of": 1, "exit_grace": 30.0,
+        "probe_concurrency": H.DEFAULT_PROBE_CONCURRENCY,
     }
     i = 0
     while i < len(argv):
@@ -208,6 +217,8 @@ def parse_args(argv):
               "wait_timeout", "leaving_ttl", "probe_timeout", "exit_grace"):
         if opts[k] < 0:
             die(f"--{k.replace('_', '-')} must be >= 0, got {opts[k]}")
+    if opts["probe_concurrency"] < 1:
+        die(f"--probe-concurrency must be >= 1, got {opts['probe_concurrency']}")
     if elastic:
         check_elastic(opts, rest)
     elif opts["discovery_script"] or opts["elastic_dir"]:

@@ -223,11 +223,18 @@ def rsh_agent(mpi_args):
     return words
 
 
-def probe(hosts, agent, timeout, local):
+DEFAULT_PROBE_CONCURRENCY = 64
+
+
+def probe(hosts, agent, timeout, local, concurrency=DEFAULT_PROBE_CONCURRENCY):
     """{host: None (reachable) or 'reason'} for every host; this machine's
-    own names are not probed, nor any host when agent is None.  Probes run in parallel, each bounded by
-    timeout seconds."""
+    own names are not probed, nor any host when agent is None.  At most
+    `concurrency` probes run at once (each an agent process with its pipes:
+    a thousand hosts at once would run out of file descriptors and
+    processes), each bounded by timeout seconds, so the whole takes at most
+    about ceil(len(hosts) / concurrency) * timeout."""
     result = {}
+    lock = threading.Lock()
 
     def one(h):
         if agent is None or is_local(h, local):
@@ -237,19 +244,39 @@ def probe(hosts, agent, timeout, local):
             r = subprocess.run(agent + [h, "true"], capture_output=True, text=True,
                                timeout=timeout, stdin=subprocess.DEVNULL,
                                start_new_session=True)
-            result[h] = None if r.returncode == 0 else (
+            why = None if r.returncode == 0 else (
                 f"'{' '.join(agent)} {h} true' exited with {r.returncode}: "
                 f"{r.stderr.strip()[-200:]}")
         except subprocess.TimeoutExpired:
-            result[h] = f"no answer within {timeout:g} s"
+            why = f"no answer within {timeout:g} s"
         except OSError as e:
-            result[h] = f"cannot run {agent[0]}: {e.strerror}"
+            why = f"cannot run {agent[0]}: {e.strerror}"
+        with lock:
+            result[h] = why
 
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
-    for t in threads:
+    # A fixed set of worker threads takes the hosts in order: never more
+    # than `concurrency` agents alive at once.
+    todo = list(dict.fromkeys(hosts))
+    next_index = [0]
+
+    def worker():
+        while True:
+            with lock:
+                if next_index[0] >= len(todo):
+                    return
+                h = todo[next_index[0]]
+                next_index[0] += 1
+            one(h)
+
+    workers = [threading.Thread(target=worker, daemon=True)
+               for _ in range(max(1, min(int(concurrency), len(todo))))]
+    for t in workers:
         t.start()
-    for t in threads:
-        t.join(timeout + 5)
-    for h in hosts:
-        result.setdefault(h, f"no answer within {timeout:g} s")
-    return result
+    rounds = -(-len(todo) // max(1, len(workers) or 1))
+    deadline = time.monotonic() + rounds * (timeout + 5)
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        for h in hosts:
+            result.setdefault(h, f"no answer within {timeout:g} s")
+        return dict(result)

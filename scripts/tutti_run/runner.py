@@ -1,6 +1,7 @@
 """The restart loop: start mpirun, forward notices, restart after failures
 and preemption exits; in elastic mode choose the hosts and size of every
 start and ask a running job to save and exit when it can grow."""
+import concurrent.futures
 import ctypes
 import json
 import os
@@ -160,6 +161,7 @@ class Runner:
         self.unreachable = set()  # hosts whose last probe failed (logged once)
         self.lock = threading.Lock()
         self.probing = set()      # hosts probed in the background while a job runs
+        self.probe_pool = None    # their workers (--probe-concurrency), made on first use
         self.answered = set()     # hosts that answered such a probe since the start
         self.exit_seen = None     # when a rank's exit record appeared (this job)
         self.exit_status = None   # the status it recorded
@@ -388,6 +390,9 @@ class Runner:
             log(f"{h} answers a probe again")
 
     def probe_in_background(self, h):
+        """Queues a probe of h on the background pool (--probe-concurrency
+        workers: a thousand unanswered hosts never mean a thousand agents
+        and threads at once)."""
         def one():
             why = H.probe([h], self.agent, self.opts["probe_timeout"], self.local)[h]
             with self.lock:
@@ -399,7 +404,10 @@ class Runner:
             if h in self.probing:
                 return
             self.probing.add(h)
-        threading.Thread(target=one, daemon=True).start()
+            if self.probe_pool is None:
+                self.probe_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self.opts["probe_concurrency"], thread_name_prefix="probe")
+        self.probe_pool.submit(one)
 
     def usable_hosts(self, known=(), running=False):
         """Discovered hosts that are not leaving and answer a probe (hosts in
@@ -419,7 +427,8 @@ class Runner:
                 if h not in ok:
                     self.probe_in_background(h)
             return [(h, s) for h, s in hosts if h in known or h in ok]
-        result = H.probe(todo, self.agent, self.opts["probe_timeout"], self.local)
+        result = H.probe(todo, self.agent, self.opts["probe_timeout"], self.local,
+                         self.opts["probe_concurrency"])
         with self.lock:
             for h in todo:
                 self.note_probe(h, result[h])
