@@ -54,6 +54,14 @@ struct CompressContext {
   // rescaled when it changes, so a loss-scale backoff or growth does not
   // feed back stale, differently scaled error.  Finite and positive.
   float grad_scale = 1.0f;
+  // Horovod's gradient_predivide_factor f (ReducerOptions): each rank's
+  // bucket is divided by f before the sum and the sum by W / f after it (W:
+  // the group's size), so the result is still the average.  0 (default):
+  // the compressor's own split (the cast compressors divide by W before
+  // the sum, `none` sums and then divides).  Finite and > 0 otherwise, and
+  // only for compressors whose takes_predivide() is true (kInvalidArgument
+  // for the others), on float32, float16 or bfloat16 buckets.
+  double predivide_factor = 0;
 };
 
 struct CompressStats {
@@ -76,6 +84,13 @@ class TUTTI_API Compressor : public Stateful {
   // All-reduces `bucket` in place to the average over ctx.comm's ranks.
   virtual void allreduce(int bucket_id, const Tensor& bucket,
                          const CompressContext& ctx) = 0;
+  // True when allreduce() honours CompressContext::predivide_factor: none,
+  // fp16 and bf16, whose sum is a plain all-reduce (the cast compressors
+  // divide by f before rounding to the wire type and by W / f after
+  // converting back).  top-k, PowerSGD and 1-bit average in float32 with
+  // error feedback, where a division before the sum changes nothing but
+  // the residuals' units, and auto may pick PowerSGD: false.
+  virtual bool takes_predivide() const { return false; }
   // Totals since construction (or since reset_stats()).
   virtual CompressStats stats() const = 0;
   virtual void reset_stats() = 0;

@@ -113,8 +113,9 @@ struct ReducerOptions {
   // size), so the result is still the average.  1 (default): sum, then
   // divide by W (most accurate unless the sum overflows, see
   // docs/data_parallel.md); W: divide everything before the sum.  Finite and
-  // > 0; a value other than 1 needs op kAvg, no compressor, and float32,
-  // float16 or bfloat16 gradients (kInvalidArgument otherwise).  When W / f
+  // > 0; a value other than 1 needs op kAvg, float32, float16 or bfloat16
+  // gradients, and no compressor or one that takes it (none, fp16, bf16:
+  // Compressor::takes_predivide(); kInvalidArgument otherwise).  When W / f
   // is an integer the division after the sum is fused into the write-back;
   // else the bucket is divided by float(W / f) first (one more rounding).
   double gradient_predivide_factor = 1.0;

@@ -146,7 +146,9 @@ void bind_dp(pyb::module_& m) {
            "compressor: a tutti.Compressor, a name ('powersgd'; 'none' for "
            "none), or None for the setting.  op: 'avg' or 'sum'.  "
            "gradient_predivide_factor f (Horovod's): divide by f before the "
-           "sum and by W / f after it (avg only, no compressor).")
+           "sum and by W / f after it (avg only; with a compressor only none, "
+           "fp16 and bf16, which divide by f before the cast and by W / f after "
+           "it).")
       .def("add_parameter",
            [](pyb::object self, const std::string& name, pyb::handle param, pyb::handle grad) {
              const std::string pn = "parameter '" + name + "'";

@@ -6,6 +6,12 @@
 // of W float16 values of up to 65504/W each).  The all-reduce sums in the
 // 16-bit type (tutti's reductions widen to float32 and round once per
 // element); MPI/NCCL all-reduce results are identical on every rank.
+//
+// With CompressContext::predivide_factor f (Horovod's
+// gradient_predivide_factor) the division is split as Horovod splits it:
+// by f before the cast (one rounding to the wire type), by W / f after the
+// conversion back (in float32, one rounding to the gradient's dtype).  f = W
+// is the default above, bit for bit.
 #include "compression/cast.h"
 
 #include "core/check.h"
@@ -55,6 +61,7 @@ class CastCompressor final : public BucketCompressor {
     p.allreduce_bytes = static_cast<uint64_t>(layout(id).numel) * 2;
     return p;
   }
+  bool takes_predivide() const override { return true; }
 
  protected:
   void on_setup(const BucketLayout& l) override {
@@ -65,16 +72,20 @@ class CastCompressor final : public BucketCompressor {
 
   void run(int id, const Tensor& bucket, const CompressContext& ctx,
            PhaseClock& clock) override {
-    const int world = ctx.comm->size();
+    const double world = ctx.comm->size();
+    // Before the sum: f (default W); after it: W / f (default 1, no
+    // division).  step() checked f.
+    const double before = ctx.predivide_factor > 0 ? ctx.predivide_factor : world;
+    const float after = before == world ? 1.0f : static_cast<float>(world / before);
     auto it = scratch_.find(id);
     Tensor wire = it == scratch_.end() ? bucket : it->second.flat(wire_);
     cast_convert(bucket.device(), bucket.data(), bucket.dtype(), wire.data(),
-                 wire_, bucket.numel(), static_cast<float>(world), ctx.stream);
+                 wire_, bucket.numel(), static_cast<float>(before), ctx.stream);
     clock.encode();
     ctx.comm->allreduce(wire, ReduceOp::kSum, op_options(id, "grad", ctx));
     clock.comm();
     cast_convert(bucket.device(), wire.data(), wire_, bucket.data(),
-                 bucket.dtype(), bucket.numel(), 1.0f, ctx.stream);
+                 bucket.dtype(), bucket.numel(), after, ctx.stream);
     clock.decode();
   }
 

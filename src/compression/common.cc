@@ -425,6 +425,21 @@ void BucketCompressor::step(int id, const Tensor& t, const CompressContext& ctx,
                   "] ", l.device.str());
   TUTTI_ARG_CHECK(t.data() != nullptr || t.numel() == 0, name_,
                   " compressor: bucket ", id, " has no data");
+  const double f = ctx.predivide_factor;
+  if (f != 0) {
+    TUTTI_ARG_CHECK(takes_predivide(), name_, " compressor: bucket ", id,
+                    ": predivide_factor = ", f, " (gradient_predivide_factor): ",
+                    name_, " averages in float32 itself, so there is no sum to "
+                    "divide before; only none, fp16 and bf16 take a factor");
+    TUTTI_ARG_CHECK(std::isfinite(f) && f > 0, name_, " compressor: bucket ", id,
+                    ": predivide_factor = ", f, " must be finite and > 0 (0: ",
+                    name_, "'s own split)");
+    TUTTI_ARG_CHECK(l.dtype == DType::kFloat32 || l.dtype == DType::kFloat16 ||
+                        l.dtype == DType::kBFloat16,
+                    name_, " compressor: bucket ", id, ": predivide_factor = ", f,
+                    " scales float32/float16/bfloat16 buckets, this one is ",
+                    dtype_name(l.dtype));
+  }
   b.world = ctx.comm->size();
   if (t.numel() == 0) {
     b.steps += 1;

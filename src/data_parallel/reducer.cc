@@ -71,10 +71,15 @@ ReducerImpl::ReducerImpl(ProcessGroupPtr group, ReducerOptions options)
   TUTTI_ARG_CHECK(f == 1.0 || opt_.op == ReduceOp::kAvg, "Reducer '", n,
                   "': gradient_predivide_factor = ", f, " splits the division of "
                   "an average; op must be avg, got ", reduce_op_name(opt_.op));
-  TUTTI_ARG_CHECK(f == 1.0 || !opt_.compressor, "Reducer '", n,
-                  "': gradient_predivide_factor = ", f, " with compressor '",
-                  opt_.compressor ? opt_.compressor->name() : "", "': the compressor "
-                  "forms the average itself; use gradient_predivide_factor = 1");
+  // none, fp16 and bf16 split their division as the uncompressed path does
+  // (CompressContext::predivide_factor); the others average in float32.
+  TUTTI_ARG_CHECK(f == 1.0 || !opt_.compressor || opt_.compressor->takes_predivide(),
+                  "Reducer '", n, "': gradient_predivide_factor = ", f,
+                  " with compressor '", opt_.compressor ? opt_.compressor->name() : "",
+                  "': it forms the average in float32 itself (with error feedback, or "
+                  "for auto possibly PowerSGD), so there is no sum to divide before; "
+                  "a factor works with no compressor or with none, fp16 and bf16; use "
+                  "gradient_predivide_factor = 1 with this one");
   TUTTI_ARG_CHECK(!(opt_.find_unused_parameters && opt_.static_graph), "Reducer '",
                   n, "': find_unused_parameters searches every pass, static_graph "
                   "never does; set one of them");

@@ -232,6 +232,10 @@ void ReducerImpl::run_on_worker(int index) {
     ctx.step = b.launch_step;
     ctx.grad_scale = b.launch_grad_scale;
     ctx.stream = b.stream;
+    // f = 1 (the default) leaves the split to the compressor: the cast
+    // compressors divide by W before the sum, where float16 cannot overflow.
+    const double f = opt_.gradient_predivide_factor;
+    ctx.predivide_factor = f == 1.0 ? 0.0 : f;
     opt_.compressor->allreduce(index, b.buffer->view(b.plan.layout.numel), ctx);
     return;
   }

@@ -122,12 +122,46 @@ def test_gradient_predivide_factor_keeps_the_average(rank, size, factor):
     assert torch.equal(model.weight.grad, mean), (f, model.weight.grad, mean)
 
 
+@pytest.mark.parametrize("compression", ["none", "fp16", "bf16"])
+@pytest.mark.parametrize("factor", [1.0, 2.0, 0.5, "size"])
+def test_gradient_predivide_factor_with_compression(rank, size, compression, factor):
+    # Horovod's MNIST with --fp16-allreduce --gradient-predivide-factor f:
+    # the cast divides by f before rounding to 16 bits and by size / f after
+    # converting back (f = 1: the cast's own division by size before it).
+    # Dyadic gradients: whenever the divisions are by powers of two the
+    # result is the float32 mean bit for bit; otherwise it is within the
+    # cast's bound, (size + 1) roundings of the wire type relative to max |x|
+    # (docs/compression.md).
+    hvd.init()
+    f = float(size) if factor == "size" else factor
+    model = torch.nn.Linear(3, 1, bias=False)
+    opt = make_opt(model, gradient_predivide_factor=f,
+                   compression=getattr(hvd.Compression, compression))
+    xs = [torch.tensor([[1.0 + r, 2.0 * r - 3.0, 0.375 * (r + 1)]]) for r in range(size)]
+    model(xs[rank]).sum().backward()
+    opt.synchronize()
+    mean = torch.cat(xs).sum(0, keepdim=True) / size
+    got = model.weight.grad
+    before = f if (compression == "none" or f != 1.0) else float(size)
+    dyadic = all(float(x).is_integer() and x > 0 and (int(x) & (int(x) - 1)) == 0
+                 for x in (before * 4, size / before * 4))
+    if compression == "none" or dyadic:
+        assert torch.equal(got, mean), (compression, f, got, mean)
+    else:
+        eps = 2.0 ** -11 if compression == "fp16" else 2.0 ** -8
+        bound = (size + 1) * eps * float(torch.cat(xs).abs().max())
+        assert (got - mean).abs().max().item() <= bound, (compression, f, got, mean)
+
+
 def test_gradient_predivide_factor_errors(rank, size):
     hvd.init()
     model = torch.nn.Linear(2, 1, bias=False)
     with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op"):
         make_opt(model, gradient_predivide_factor=2.0, op=hvd.Sum)
-    with pytest.raises(tutti.InvalidArgumentError, match="compressor 'fp16'"):
-        make_opt(model, gradient_predivide_factor=2.0, compression=hvd.Compression.fp16)
+    # Compressors that form the average in float32 themselves refuse it.
+    for c in ("topk", "powersgd", "onebit", "auto"):
+        with pytest.raises(tutti.InvalidArgumentError, match=f"compressor '{c}'"):
+            make_opt(model, gradient_predivide_factor=2.0,
+                     compression=getattr(hvd.Compression, c))
     with pytest.raises(tutti.InvalidArgumentError, match="finite and > 0"):
         make_opt(model, gradient_predivide_factor=0.0)

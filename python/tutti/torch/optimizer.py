@@ -281,8 +281,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     divided by f before the sum and the sum by size / f after it (f = 1: sum,
     then divide; f = size: divide first; see docs/data_parallel.md for which
     is more accurate).  Needs ``op=Average`` (ValueError otherwise, as in
-    Horovod) and no compression (the cast compressors divide by the size
-    themselves; InvalidArgumentError).  ``op=Adasum`` (Horovod's): each
+    Horovod).  With ``Compression.fp16``/``bf16`` the gradients are divided
+    by f before the cast and by size / f after the conversion back, as in
+    Horovod (f = 1 keeps the cast's own split: divide by the size before
+    it, so a float16 sum cannot overflow); ``Compression.none`` as without
+    compression; the other compressions average in float32 themselves and
+    refuse a factor other than 1 (InvalidArgumentError).  ``op=Adasum`` (Horovod's): each
     rank steps the wrapped optimizer on its own gradients and the parameter
     updates are combined with Adasum in ``step()`` (no overlap with
     backward; power-of-two sizes; compression none/fp16/bf16 only; see
