@@ -47,6 +47,9 @@
 //    by commutative pairwise sums, then divided the same way everywhere), so
 //    a non-finite check after synchronize() (AMP loss scaling) agrees across
 //    the data-parallel group without another collective.
+//  * Replicas: the first reducing synchronize() checks that every rank's
+//    parameters hold the same bytes (check_parameters) and fails on every
+//    rank naming the first differing parameter.
 //  * Memory: fusion buffers are allocated by build() and reused; steps do
 //    not allocate buffers (stats().buffer_allocations stays constant after
 //    the first reducing step, which may re-plan the buckets once).
@@ -118,6 +121,9 @@ struct ReducerOptions {
   // Compressor::takes_predivide(); kInvalidArgument otherwise).  When W / f
   // is an integer the division after the sum is fused into the write-back;
   // else the bucket is divided by float(W / f) first (one more rounding).
+  // With a compressor, 1 leaves the split to it (fp16/bf16 divide by W
+  // before the cast); another f is handed to it (CompressContext::
+  // predivide_factor): divided by f before the cast, by W / f after it.
   double gradient_predivide_factor = 1.0;
   // Names the reducer in errors and operation names ("dp bucket 3").
   std::string name = "dp";
@@ -155,10 +161,21 @@ struct ReducerOptions {
   // data_parallel.md, "Launch chains").  1: launch in bucket order.  1..64;
   // must agree across ranks.
   int launch_channels = 4;
+  // Replica check (TUTTI_CHECK_PARAMETERS; default on): the first reducing
+  // synchronize(), once its reduction is complete (before the optimiser's
+  // first step), digests every registered parameter's bytes and compares
+  // the digests across the group (one 8-byte allgather on the group's host
+  // communicator; CUDA parameters are copied to the host once for it).
+  // Replicas that differ (a forgotten broadcast_parameters()) fail with
+  // kMismatch on every rank naming the first differing parameter and the
+  // ranks.  Over this reducer's group only (the data-parallel replicas).
+  // Off where replicas legitimately differ.  Must agree across ranks.
+  bool check_parameters = true;
 
   // The defaults above with the TUTTI_* settings applied: TUTTI_BUCKET_MB,
   // TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_LEARN_BUCKET_ORDER,
-  // TUTTI_DP_LAUNCH_CHANNELS, and TUTTI_COMPRESSION (a compressor from
+  // TUTTI_DP_LAUNCH_CHANNELS, TUTTI_CHECK_PARAMETERS, and
+  // TUTTI_COMPRESSION (a compressor from
   // make_compressor() unless it is "none").  Options built otherwise do not
   // read the environment.
   TUTTI_API static ReducerOptions from_env();

@@ -104,7 +104,8 @@ void bind_dp(pyb::module_& m) {
                         pyb::object op, std::string name,
                         std::optional<bool> learn_bucket_order,
                         bool find_unused_parameters, bool static_graph,
-                        bool gradient_as_bucket_view, double gradient_predivide_factor) {
+                        bool gradient_as_bucket_view, double gradient_predivide_factor,
+                        std::optional<bool> check_parameters) {
              ReducerOptions o = ReducerOptions::from_env();
              if (bucket_cap_mb) o.bucket_cap_mb = *bucket_cap_mb;
              if (first_bucket_cap_mb) o.first_bucket_cap_mb = *first_bucket_cap_mb;
@@ -126,6 +127,7 @@ void bind_dp(pyb::module_& m) {
              o.static_graph = static_graph;
              o.gradient_as_bucket_view = gradient_as_bucket_view;
              o.gradient_predivide_factor = gradient_predivide_factor;
+             if (check_parameters) o.check_parameters = *check_parameters;
              return std::make_shared<Reducer>(std::move(group), o);
            }),
            pyb::arg("group"), pyb::kw_only(), pyb::arg("bucket_cap_mb") = pyb::none(),
@@ -137,9 +139,12 @@ void bind_dp(pyb::module_& m) {
            pyb::arg("find_unused_parameters") = false, pyb::arg("static_graph") = false,
            pyb::arg("gradient_as_bucket_view") = false,
            pyb::arg("gradient_predivide_factor") = 1.0,
+           pyb::arg("check_parameters") = pyb::none(),
            "Options left None take their TUTTI_* setting (TUTTI_BUCKET_MB, "
            "TUTTI_FIRST_BUCKET_MB, TUTTI_HIERARCHICAL, TUTTI_COMPRESSION, "
-           "TUTTI_LEARN_BUCKET_ORDER).  gradient_as_bucket_view: gradients "
+           "TUTTI_LEARN_BUCKET_ORDER, TUTTI_CHECK_PARAMETERS: the first "
+           "reducing synchronize() checks that every rank holds the same "
+           "parameter bytes).  gradient_as_bucket_view: gradients "
            "live in the buckets (gradient(i)); find_unused_parameters: "
            "mark_unused() fills a slot early; static_graph: the parameters "
            "unused in the first step are filled early in every later one.  "
@@ -262,6 +267,7 @@ void bind_dp(pyb::module_& m) {
         d["find_unused_parameters"] = o.find_unused_parameters;
         d["static_graph"] = o.static_graph;
         d["gradient_as_bucket_view"] = o.gradient_as_bucket_view;
+        d["check_parameters"] = o.check_parameters;
         return d;
       })
       .def("stats", [](Reducer& r) { return stats_dict(r.stats()); },

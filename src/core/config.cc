@@ -113,6 +113,14 @@ const std::vector<SettingInfo> kSettings = {
      "ranks whose gradients arrive in different orders stop waiting for each "
      "other's stragglers. 1: one channel, launch in bucket order. Must agree "
      "across ranks."},
+    {"TUTTI_CHECK_PARAMETERS", "bool", "1",
+     "At the first reducing step of a data-parallel reducer (the C++ Reducer, "
+     "DistributedOptimizer, DistributedDataParallel), check that every rank "
+     "of its group holds the same parameter bytes (a 64-bit digest per "
+     "rank, one small allgather) and raise on every rank naming the first "
+     "parameter that differs and the ranks, e.g. after a forgotten "
+     "broadcast_parameters(). 0 where the replicas are meant to differ. "
+     "Must agree across ranks."},
     {"TUTTI_HIERARCHICAL", "bool", "0",
      "Hierarchical all-reduce: reduce-scatter within the node, all-reduce "
      "across nodes, all-gather within the node (nodes of unequal size: "

@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "data_parallel/broadcast.h"
 #include "data_parallel/list_agreement.h"
+#include "data_parallel/param_check.h"
 #include "data_parallel/reducer_impl.h"
 #include "tutti/compression.h"
 #include "tutti/config.h"
@@ -24,6 +25,7 @@ ReducerOptions ReducerOptions::from_env() {
   o.hierarchical = config::get_bool("TUTTI_HIERARCHICAL");
   o.learn_bucket_order = config::get_bool("TUTTI_LEARN_BUCKET_ORDER");
   o.launch_channels = static_cast<int>(config::get_int("TUTTI_DP_LAUNCH_CHANNELS"));
+  o.check_parameters = config::get_bool("TUTTI_CHECK_PARAMETERS");
   // "none" keeps the plain averaging all-reduce (no compressor thread).
   const std::string compression = config::get_string("TUTTI_COMPRESSION");
   if (compression != "none") o.compressor = make_compressor(compression);
@@ -172,6 +174,7 @@ void ReducerImpl::check_plan_agrees() {
       detail::cat("learn_bucket_order=", opt_.learn_bucket_order),
       detail::cat("gradient_predivide_factor=", opt_.gradient_predivide_factor),
       detail::cat("launch_channels=", opt_.launch_channels),
+      detail::cat("check_parameters=", opt_.check_parameters),
   };
   std::vector<std::string> entries;
   entries.reserve(params_.size());
@@ -311,6 +314,17 @@ void ReducerImpl::build() {
   TUTTI_LOG(kInfo) << "Reducer '" << opt_.name << "': " << params_.size()
                    << " parameters in " << buckets_.size() << " buckets ("
                    << mode_name() << ")";
+}
+
+// Inside the first reducing synchronize(), after the write-back: every rank
+// is in the same collective call and every bucket's communication has
+// ended, so the allgathers below match (data_parallel/param_check.h).
+void ReducerImpl::check_replicas(void* stream) {
+  std::vector<dp::ParamEntry> entries;
+  entries.reserve(params_.size());
+  for (const auto& p : params_) entries.push_back({p.name, p.param});
+  dp::check_parameters_agree(*group_->cpu_communicator(),
+                             detail::cat("Reducer '", opt_.name, "'"), entries, stream);
 }
 
 // Inside the first reducing synchronize(), after the write-back: every rank

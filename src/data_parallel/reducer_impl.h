@@ -174,6 +174,8 @@ class ReducerImpl {
   void copy_into_bucket(dp::Param& p, dp::Bucket& b, void* stream);
   // learned order (reducer.cc)
   void learn_order();
+  // The replica check (ReducerOptions::check_parameters), once.
+  void check_replicas(void* stream);
   void rebuild_buckets(const std::vector<int>& order);
   void set_stream(dp::Bucket& b, void* stream);
   void wait_bucket(int bucket);
@@ -211,6 +213,7 @@ class ReducerImpl {
   dp::Mode mode_ = dp::Mode::kFlat;
   bool built_ = false;
   bool order_learned_ = false;      // the first reducing step has ended
+  bool replicas_checked_ = false;   // check_replicas() ran (or is off)
   bool pass_begun_ = false;         // begin_reducing_pass() ran this pass
   std::vector<int> observed_order_;  // first-seen order until learned
   std::vector<int> static_unused_;   // static_graph: unused in the first step

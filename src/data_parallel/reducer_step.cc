@@ -399,6 +399,10 @@ bool ReducerImpl::synchronize(void* stream) {
   reset_step();
   ++step_;
   ++stats_.steps;
+  if (!replicas_checked_) {  // collective, once; throws on every rank or none
+    replicas_checked_ = true;
+    if (opt_.check_parameters) check_replicas(stream);
+  }
   if (!order_learned_) learn_order();  // collective, once
   return true;
 }

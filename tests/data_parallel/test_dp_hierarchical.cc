@@ -40,9 +40,10 @@ TEST_P(Hierarchical, ExactAveragesAndNoWorldCollectives) {
     const uint64_t before = test::world_collective_seq();
     for (int i = r.num_parameters() - 1; i >= 0; --i) r.grad_ready(i);
     EXPECT_TRUE(r.synchronize());
-    // +1: world_collective_seq() itself; step 0 of n > 1 ranks also agrees
-    // on the learned bucket order (one broadcast on the group, once).
-    const uint64_t order = step == 0 && n > 1 ? 1 : 0;
+    // +1: world_collective_seq() itself; step 0 of n > 1 ranks also checks
+    // the replicas (one 8-byte allgather on the group) and agrees on the
+    // learned bucket order (one broadcast on the group), once.
+    const uint64_t order = step == 0 && n > 1 ? 2 : 0;
     EXPECT_EQ(test::world_collective_seq(), before + 1 + order)
         << (n > 1 ? "bucket collectives ran on the world" : "");
     for (size_t p = 0; p < params.size(); ++p)

@@ -50,6 +50,7 @@ def test_average_in_place_on_numpy(world, rank, size):
     params, grads = make_numpy_model(rank)
     ptrs = [g.ctypes.data for g in grads]
     r = build(world, params, grads, bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+    r.broadcast_parameters(0)  # replicas (the first step checks that they agree)
     assert r.num_parameters == len(PARAMS)
     # Tiny caps: one bucket per tensor, in reverse registration order and one
     # dtype each.
@@ -102,6 +103,7 @@ def test_torch_sum_and_unused_parameters(world, rank, size, dtype):
 def test_no_sync_and_backward_passes_per_step(world, rank, size):
     params, grads = make_numpy_model(rank)
     r = build(world, params, grads)
+    r.broadcast_parameters(0)
     for g in grads:
         g[...] = 0
     with r.no_sync():  # two accumulation passes: no communication
@@ -124,6 +126,7 @@ def test_no_sync_and_backward_passes_per_step(world, rank, size):
     # backward_passes_per_step=2: the first pass of each step only records.
     params, grads = make_numpy_model(rank)
     r2 = build(world, params, grads, backward_passes_per_step=2)
+    r2.broadcast_parameters(0)
     assert r2.options["backward_passes_per_step"] == 2
     results = []
     for _ in range(2):

@@ -165,3 +165,45 @@ def test_gradient_predivide_factor_errors(rank, size):
                      compression=getattr(hvd.Compression, c))
     with pytest.raises(tutti.InvalidArgumentError, match="finite and > 0"):
         make_opt(model, gradient_predivide_factor=0.0)
+
+
+def test_replicas_that_differ_fail_at_the_first_step(rank, size):
+    # Issue 27: a forgotten broadcast_parameters() left the replicas apart
+    # silently.  The first step checks a digest of every parameter across
+    # the ranks and names the first one that differs, on every rank.
+    hvd.init()
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    torch.nn.init.zeros_(model[0].weight)
+    torch.nn.init.zeros_(model[0].bias)
+    torch.nn.init.constant_(model[1].weight, 0.5)
+    torch.nn.init.constant_(model[1].bias, float(rank == size - 1))  # the last rank's own
+    opt = make_opt(model)
+    model(torch.ones(1, 3)).sum().backward()
+    if size == 1:
+        opt.step()
+        return
+    with pytest.raises(tutti.MismatchError) as e:
+        opt.step()
+    msg = str(e.value)
+    assert f"rank {rank}:" in msg and "Reducer 'DistributedOptimizer'" in msg
+    assert f"parameter #3 '1.bias' float32[1] of rank {size - 1} differs from rank 0's" in msg
+    assert "1 of 4 parameters differ" in msg and "broadcast_parameters" in msg
+    opt._tutti.close()  # its hooks off the parameters
+    # The same replicas after the broadcast: the check passes.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = make_opt(model)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    assert opt.reducer.options["check_parameters"]
+
+
+def test_replica_check_can_be_turned_off(rank, size):
+    hvd.init()
+    p = torch.full((4,), float(rank))
+    g = torch.ones(4)
+    r = tutti.Reducer(tutti.world(), check_parameters=False, name="off")
+    r.add_parameter("p", p, g)
+    r.build()
+    r.grad_ready(0)
+    assert r.synchronize()  # replicas differ, unchecked
+    assert not r.options["check_parameters"]
