@@ -181,6 +181,10 @@ void shutdown() {
     s.mpi_comms.clear();
   }
   bool poisoned = s.any_poisoned.load();
+  // Each close() runs what was submitted before it, then tells the other
+  // members this rank left: a peer waiting for an op this rank never
+  // entered fails at once, naming it as shut down (status_service.h).
+  if (s.use_mpi) mpi::StatusService::instance().begin_shutdown();
   // Device communicators first: they run their ops through MPI (the NCCL
   // bootstrap and agreement check, the staged transport's exchanges).
   for (auto& c : devices) c->close();

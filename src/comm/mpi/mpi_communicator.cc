@@ -157,8 +157,18 @@ MpiCommunicator::~MpiCommunicator() { close(); }
 
 void MpiCommunicator::close() {
   std::lock_guard<std::mutex> lock(close_mu_);
-  if (closed_.exchange(true)) return;
-  engine_.stop();
+  if (closed_.load()) return;
+  // Ops submitted before the close run first.  Refusing them here (as
+  // close() once did) depended on timing: a rank whose engine had already
+  // taken an async op up ran it, a rank whose engine had not refused it,
+  // and the first rank then waited for the second until TUTTI_TIMEOUT (a
+  // reducer's bucket all-reduces in flight at shutdown(), issue 27).
+  engine_.drain();
+  closed_ = true;
+  engine_.stop();  // anything submitted meanwhile fails with kAborted
+  // This rank enters no further op here: members waiting for one fail now.
+  StatusService::instance().depart(comm_id_, peer_world_ranks(),
+                                   progress_->entered.load());
   StatusService::instance().remove(comm_id_);
   if (is_initialized()) {
     // After a timeout a request may still be pending on these communicators;
@@ -342,6 +352,37 @@ void MpiCommunicator::fail_timeout(const comm::OpLabel& desc, uint64_t seq,
       ErrorCode::kTimeout,
       detail::cat(detail::rank_prefix(), desc, " did not complete within ",
                   seconds, " s (TUTTI_TIMEOUT) while ", phase, "; ", report,
+                  ". The communicator is unusable now."));
+  comm::communicator_broke(error);
+  throw error;
+}
+
+void MpiCommunicator::check_departures(const comm::OpLabel& desc, uint64_t seq,
+                                       const char* phase) {
+  StatusService& service = StatusService::instance();
+  const uint64_t seen = service.departures();
+  if (seen != departures_seen_) {  // rare: some communicator lost a member
+    departures_seen_ = seen;
+    departed_ = service.departed(comm_id_);
+  }
+  std::string gone;
+  for (const Departure& d : departed_) {
+    if (d.last_entered >= seq) continue;  // it took part in this op
+    gone += detail::cat(gone.empty() ? "" : "; ", "rank ", d.world_rank,
+                        d.shutdown ? " shut down (tutti::shutdown(), called or at exit)"
+                                   : " closed this group (dropped its last reference)",
+                        " after entering ",
+                        d.last_entered ? detail::cat("op #", d.last_entered)
+                                       : std::string("no op"),
+                        " of it, so it will never enter #", seq);
+  }
+  if (gone.empty()) return;
+  poisoned_ = true;
+  comm::note_communicator_poisoned();
+  const Error error(
+      ErrorCode::kCommFailure,
+      detail::cat(detail::rank_prefix(), desc, " cannot complete (it was ", phase,
+                  "): ", gone, name_ == "world" ? "" : " [world ranks]",
                   ". The communicator is unusable now."));
   comm::communicator_broke(error);
   throw error;

@@ -64,8 +64,12 @@ class MpiCommunicator : public Communicator,
   const std::vector<int>& world_ranks() const { return world_ranks_; }
   // Waits for everything submitted so far.
   void drain();
-  // Stops the engine and frees the MPI communicators (before MPI_Finalize).
-  // Later operations fail with kAborted.  Idempotent.
+  // Runs what was submitted so far (on every rank alike, so peers that
+  // submitted the same ops are not left waiting), then stops the engine,
+  // tells the other members that this rank left (StatusService::depart:
+  // an op of theirs that this rank never entered fails at once) and frees
+  // the MPI communicators (before MPI_Finalize).  Later operations fail
+  // with kAborted.  Idempotent.
   void close();
   bool poisoned() const { return poisoned_.load(); }
 
@@ -108,6 +112,10 @@ class MpiCommunicator : public Communicator,
   class RunningOp;
   // An operation as queued: the request plus the settings in force when it
   // was submitted.
+  // The departure check of op #`seq` (RunningOp's watch; engine thread):
+  // throws kCommFailure, breaking the communicator, when a member closed
+  // it (shutdown, at exit, or dropped) before entering op #seq.
+  void check_departures(const comm::OpLabel& desc, uint64_t seq, const char* phase);
   struct Queued {
     OpRequest request;
     bool check = true;
@@ -154,11 +162,15 @@ class MpiCommunicator : public Communicator,
   std::mutex close_mu_;
   comm::CommSettings settings_;  // the hot path must not parse the environment
   // The running op's stall watch (engine thread only; null between ops and
-  // when TUTTI_STALL_WARN_S is 0).  Set by RunningOp.
+  // in a group of one).  Set by RunningOp.
   StallWatch* stall_ = nullptr;
   // Same-membership splits (weak: they die with their groups).
   std::mutex followers_mu_;
   std::vector<std::weak_ptr<MpiCommunicator>> followers_;
+  // check_departures(): StatusService::departures() when last looked at,
+  // and the members known to have left (engine thread only).
+  uint64_t departures_seen_ = 0;
+  std::vector<Departure> departed_;
 };
 
 }  // namespace mpi

@@ -234,12 +234,14 @@ bool Deadline::expired() const {
 }
 
 StallWatch::StallWatch(double period_s, std::function<void(double)> report,
-                       Clock::time_point start)
-    : period_s_(period_s), report_(std::move(report)), start_(start),
+                       Clock::time_point start, std::function<void()> check)
+    : period_s_(period_s), report_(std::move(report)), check_(std::move(check)),
+      start_(start),
       next_(start + std::chrono::duration_cast<Clock::duration>(
                         std::chrono::duration<double>(period_s > 0 ? period_s : 0))) {}
 
 void StallWatch::poll(Clock::time_point now) {
+  if (check_) check_();
   if (period_s_ <= 0 || now < next_) return;
   const auto period = std::max<Clock::duration>(
       std::chrono::milliseconds(1),

@@ -79,20 +79,24 @@ class Deadline {
 // waits.  period_s <= 0 disables it.  wait_rc() looks at it only where it
 // checks its deadline (after the first spinning polls, every 64th yield,
 // every sleep): an op that completes promptly never does, and nothing is
-// sent unless report() sends it.
+// sent unless report() sends it.  `check`, when set, runs at every poll
+// whatever the period (the departure check: it throws to end the wait when
+// a member the op waits for has left; one atomic load otherwise).
 class StallWatch {
  public:
   using Clock = std::chrono::steady_clock;
   StallWatch(double period_s, std::function<void(double waited_s)> report,
-             Clock::time_point start = Clock::now());
-  // Calls report() if a period has ended since the last call (once, however
-  // many periods passed).
+             Clock::time_point start = Clock::now(),
+             std::function<void()> check = nullptr);
+  // Runs check(), then calls report() if a period has ended since the last
+  // call (once, however many periods passed).
   void poll(Clock::time_point now);
   bool enabled() const { return period_s_ > 0; }
 
  private:
   double period_s_;
   std::function<void(double)> report_;
+  std::function<void()> check_;
   Clock::time_point start_;
   Clock::time_point next_;
 };

@@ -15,6 +15,7 @@ namespace mpi {
 namespace {
 
 constexpr int kQueryTag = 1;
+constexpr int kDepartTag = 2;  // departure notices (StatusService::depart)
 constexpr int kFirstReplyTag = 100;
 constexpr int kReplyTagSpan = 30000;
 // Contexts of the (logged, never thrown) MPI failures below.
@@ -42,6 +43,17 @@ void StatusService::stop() {
   if (!running_) return;
   stop_ = true;
   if (thread_.joinable()) thread_.join();
+  // Notices are a few bytes, sent eagerly: give them a moment to leave,
+  // then free what is left (MPI still delivers a freed send).
+  for (int i = 0; i < 100; ++i) {
+    reap_notices(false);
+    {
+      std::lock_guard<std::mutex> lock(depart_mu_);
+      if (outbox_.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  reap_notices(true);
   if (comm_ != MPI_COMM_NULL && is_initialized())
     TUTTI_MPI_WARN(MPI_Comm_free(&comm_), "stopping the status service");
   comm_ = MPI_COMM_NULL;
@@ -58,6 +70,48 @@ void StatusService::remove(uint64_t id) {
   comms_.erase(id);
 }
 
+void StatusService::depart(uint64_t comm_id, const std::vector<int>& world_ranks,
+                           uint64_t last_entered) {
+  if (!running_ || world_ranks.empty()) return;
+  std::lock_guard<std::mutex> lock(depart_mu_);
+  for (int peer : world_ranks) {
+    std::unique_ptr<Notice> n(new Notice{comm_id, last_entered,
+                                         shutting_down_.load() ? 1u : 0u, 0});
+    MPI_Request req = MPI_REQUEST_NULL;
+    // Peers then wait for this rank until TUTTI_TIMEOUT, as before.
+    if (TUTTI_MPI_WARN(MPI_Isend(n.get(), 4, MPI_UINT64_T, peer, kDepartTag, comm_, &req),
+                       "departure notice to world rank ", peer))
+      outbox_.emplace_back(req, std::move(n));
+  }
+}
+
+void StatusService::reap_notices(bool give_up) {
+  std::lock_guard<std::mutex> lock(depart_mu_);
+  for (size_t i = 0; i < outbox_.size();) {
+    int done = 0;
+    // A failed send (a peer already gone) is dropped quietly: notices are
+    // a courtesy, the peer's own timeout still bounds its wait.
+    if (MPI_Test(&outbox_[i].first, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
+    if (!done && give_up) {
+      if (outbox_[i].first != MPI_REQUEST_NULL) MPI_Request_free(&outbox_[i].first);
+      (void)outbox_[i].second.release();  // MPI may still read it
+      done = 1;
+    }
+    if (done) {
+      outbox_[i] = std::move(outbox_.back());
+      outbox_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::vector<Departure> StatusService::departed(uint64_t comm_id) {
+  std::lock_guard<std::mutex> lock(depart_mu_);
+  auto it = departed_.find(comm_id);
+  return it == departed_.end() ? std::vector<Departure>() : it->second;
+}
+
 void StatusService::respond_loop() {
   pthread_setname_np(pthread_self(), "tutti-status");
   uint64_t query[2] = {0, 0};  // comm id, reply tag
@@ -69,9 +123,38 @@ void StatusService::respond_loop() {
                                 kQueryTag, comm_, &req),
                       kResponder))
     return;
+  // Departure notices (depart()): recorded, then the next one is awaited.
+  uint64_t notice[4] = {0, 0, 0, 0};
+  MPI_Request dreq = MPI_REQUEST_NULL;
+  if (!TUTTI_MPI_WARN(MPI_Irecv(notice, 4, MPI_UINT64_T, MPI_ANY_SOURCE, kDepartTag,
+                                comm_, &dreq),
+                      kResponder))
+    dreq = MPI_REQUEST_NULL;
   while (!stop_) {
     int flag = 0;
     MPI_Status st;
+    if (dreq != MPI_REQUEST_NULL) {
+      if (!TUTTI_MPI_WARN(MPI_Test(&dreq, &flag, &st), kResponder)) {
+        dreq = MPI_REQUEST_NULL;  // no more notices: peers fall back to timeouts
+      } else if (flag) {
+        Departure d;
+        d.world_rank = st.MPI_SOURCE;
+        d.last_entered = notice[1];
+        d.shutdown = notice[2] != 0;
+        {
+          std::lock_guard<std::mutex> lock(depart_mu_);
+          departed_[notice[0]].push_back(d);
+        }
+        departures_.fetch_add(1, std::memory_order_release);
+        if (!TUTTI_MPI_WARN(MPI_Irecv(notice, 4, MPI_UINT64_T, MPI_ANY_SOURCE,
+                                      kDepartTag, comm_, &dreq),
+                            kResponder))
+          dreq = MPI_REQUEST_NULL;
+        continue;
+      }
+    }
+    reap_notices(false);
+    flag = 0;
     if (!TUTTI_MPI_WARN(MPI_Test(&req, &flag, &st), kResponder)) break;
     if (flag) {
       std::unique_ptr<uint64_t[]> reply(new uint64_t[4]{0, 0, 0, 0});
@@ -112,12 +195,15 @@ void StatusService::respond_loop() {
       }
     }
     // Answers are needed only when a peer's wait expired (it waits up to
-    // TUTTI_STATUS_GRACE_MS, 2 s): 20 ms is prompt enough, and each poll is
-    // a pass of MPI's progress engine (at 5 ms: ~1.5% of a core).
+    // TUTTI_STATUS_GRACE_MS, 2 s), and a departure ends a peer's wait within
+    // this period: 20 ms is prompt enough, and each poll is a pass of MPI's
+    // progress engine (at 5 ms: ~1.5% of a core).
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (req != MPI_REQUEST_NULL && TUTTI_MPI_WARN(MPI_Cancel(&req), kResponder))
     TUTTI_MPI_WARN(MPI_Wait(&req, MPI_STATUS_IGNORE), kResponder);
+  if (dreq != MPI_REQUEST_NULL && TUTTI_MPI_WARN(MPI_Cancel(&dreq), kResponder))
+    TUTTI_MPI_WARN(MPI_Wait(&dreq, MPI_STATUS_IGNORE), kResponder);
   for (auto& s : sends)  // small; eager-sent
     if (s.first != MPI_REQUEST_NULL)
       TUTTI_MPI_WARN(MPI_Request_free(&s.first), kResponder);

@@ -1,4 +1,4 @@
-// Answers "where are you?" after a timeout.
+// Answers "where are you?" after a timeout, and tells peers who left.
 //
 // Every MPI communicator publishes, per rank, the sequence number of the
 // last operation it entered and completed.  When an operation times out,
@@ -7,6 +7,14 @@
 // ranks that never arrived.  A rank that does not answer within
 // TUTTI_STATUS_GRACE_MS is reported as unresponsive (dead or hung outside
 // tutti).  Needs MPI_THREAD_MULTIPLE, which init() requires.
+//
+// Departures: a rank that closes a communicator (shutdown(), at exit too,
+// or by dropping its last reference) will never enter another op on it.
+// close() sends each other member a departure notice (the communicator's
+// id, the last op this rank entered on it, whether it was shutting down);
+// the responder thread records the notices it receives.  A rank waiting in
+// op #k for a member whose notice says it stopped before #k fails at once
+// (MpiCommunicator::check_departures) instead of at TUTTI_TIMEOUT.
 #pragma once
 
 #include <mpi.h>
@@ -29,6 +37,13 @@ struct CommProgress {
   std::atomic<uint64_t> completed{0};  // seq of the last op finished
   // CollectiveKind of `entered`, or comm::kSplitKind / kSplitSharedKind.
   std::atomic<uint8_t> kind{0};
+};
+
+// A member that closed a communicator (from a departure notice).
+struct Departure {
+  int world_rank = -1;
+  uint64_t last_entered = 0;  // the last op it entered there (0: none)
+  bool shutdown = false;      // closed by shutdown() (else dropped)
 };
 
 struct PeerStatus {
@@ -58,8 +73,32 @@ class StatusService {
                                 const std::vector<int>& world_ranks,
                                 double grace_seconds);
 
+  // shutdown() has begun: later departures say "shut down".
+  void begin_shutdown() { shutting_down_ = true; }
+  // Sends `world_ranks` a departure notice: this rank closed `comm_id`
+  // after entering op #`last_entered`.  Non-blocking; a failure is logged.
+  void depart(uint64_t comm_id, const std::vector<int>& world_ranks,
+              uint64_t last_entered);
+  // How many notices this process has received (a waiter compares it with
+  // the count it last looked at: one atomic load).
+  uint64_t departures() const { return departures_.load(std::memory_order_acquire); }
+  // The members that left `comm_id` so far.
+  std::vector<Departure> departed(uint64_t comm_id);
+
  private:
   void respond_loop();
+  // A departure notice's wire format (4 x uint64).
+  struct Notice {
+    uint64_t comm_id;
+    uint64_t last_entered;
+    uint64_t shutdown;
+    uint64_t reserved;
+  };
+  static_assert(sizeof(Notice) == 32, "departure notice: 4 x uint64");
+  // Tests the sends of depart() (responder thread, and stop()); frees the
+  // completed ones.  `give_up`: free every pending one (MPI still delivers
+  // a freed send) and keep its buffer.
+  void reap_notices(bool give_up);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool running_ = false;
@@ -69,6 +108,12 @@ class StatusService {
   std::map<uint64_t, std::shared_ptr<CommProgress>> comms_;
   std::mutex query_mu_;
   uint32_t next_reply_tag_ = 0;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<uint64_t> departures_{0};
+  std::mutex depart_mu_;
+  std::map<uint64_t, std::vector<Departure>> departed_;  // by comm id
+  // depart()'s sends in flight, with the notice each reads.
+  std::vector<std::pair<MPI_Request, std::unique_ptr<Notice>>> outbox_;
 };
 
 // Asks `peers` (world ranks) where they are on communicator `comm_id` and
