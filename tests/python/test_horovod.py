@@ -167,6 +167,39 @@ def test_gradient_predivide_factor_errors(rank, size):
         make_opt(model, gradient_predivide_factor=0.0)
 
 
+def test_step_without_backward_on_one_rank_is_its_error(rank, size):
+    # Issue 27: one rank steps without a backward pass while the others have
+    # gradients.  It joins their reduction with zeros (nobody hangs) and the
+    # error is its own; the others complete the step.
+    hvd.init()
+    model = torch.nn.Linear(3, 1, bias=False)
+    torch.nn.init.ones_(model.weight)
+    opt = make_opt(model)
+    lazy = size - 1
+    if size == 1 or rank != lazy:
+        model(torch.ones(1, 3)).sum().backward()
+    if size > 1 and rank == lazy:
+        with pytest.raises(tutti.InvalidArgumentError,
+                           match="without a backward pass on this rank") as e:
+            opt.step()
+        assert f"rank {rank}:" in str(e.value) and "'weight'" in str(e.value)
+    else:
+        opt.step()
+    # Every rank's gradient is the average with the lazy rank's zeros.
+    expect = 1.0 if size == 1 else (size - 1) / size
+    assert torch.allclose(model.weight.grad, torch.full((1, 3), expect))
+    # No rank runs a backward pass: no error, no hang, .grad stays None.
+    opt.zero_grad(set_to_none=True)
+    opt.step()
+    assert model.weight.grad is None
+    # A second synchronize() in one step is still a no-op.
+    model(torch.ones(1, 3)).sum().backward()
+    opt.synchronize()
+    grad = model.weight.grad.clone()
+    opt.step()
+    assert torch.equal(model.weight.grad, grad)
+
+
 def test_replicas_that_differ_fail_at_the_first_step(rank, size):
     # Issue 27: a forgotten broadcast_parameters() left the replicas apart
     # silently.  The first step checks a digest of every parameter across

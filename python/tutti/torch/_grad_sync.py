@@ -35,6 +35,10 @@ One GradSync serves DistributedOptimizer (the reduction is waited for in
   runs passes inside ``reducer.no_sync()``: no communication.  The pass that
   completes a step reduces; a step that ends with fewer passes reduces what
   was accumulated (Horovod forces the allreduce in ``step()`` too).
+* A step with no backward pass on this rank still reduces (this rank's
+  gradients count as zeros), so that ranks that ran one are not left
+  waiting in their bucket all-reduces; if any rank contributed a gradient
+  this rank then raises InvalidArgumentError (the misuse is its own).
 """
 import torch
 
@@ -62,6 +66,7 @@ class GradSync:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self.group = group_or_world(process_set)
+        self.name = name
         self.backward_passes_per_step = backward_passes_per_step
         self.sync_in_backward = sync_in_backward
         seen, entries = set(), []
@@ -117,6 +122,7 @@ class GradSync:
         self._guard = None
         self._passes = 0       # accumulation passes in this step
         self._pending = False  # a reducing pass ended; synchronize() waits for it
+        self._synced = False   # synchronize() reduced since the last step_done()
         self._ready = 0        # hooks that fired in this pass
         self.no_sync_depth = 0
         # The factor the gradients of the next passes carry (the AMP loss
@@ -221,7 +227,9 @@ class GradSync:
             raise error(_C.InvalidArgumentError,
                         "synchronize()/step() called while a backward pass is running")
         if not self._pending and self._passes == 0:
-            return False  # no backward since the last step
+            if self._synced:
+                return False  # this step's reduction was already waited for
+            return self._synchronize_without_backward()
         buf = next((g for g in self.grads if g.is_cuda), None)
         stream = stream_of(buf) if buf is not None else 0
         try:
@@ -229,6 +237,7 @@ class GradSync:
         finally:
             self._pending = False
             self._passes = 0
+            self._synced = True
         if self.as_view:
             rebuilds = self.reducer.stats()["bucket_rebuilds"]
             if rebuilds != self._rebuilds:  # the learned order moved the slices
@@ -241,6 +250,45 @@ class GradSync:
                 if p.grad is not g:
                     p.grad = g
         return reduced
+
+    def _synchronize_without_backward(self):
+        """step()/synchronize() with no backward pass on this rank since the
+        last step.  Ranks that ran one wait in their bucket all-reduces: join
+        them with zeros (the reducer fills every slot no pass produced), so
+        none of them hangs, then raise here if some rank contributed a
+        gradient (the average holds it).  When no rank ran a backward the
+        average is zero, nothing is raised, and a ``.grad`` that is None
+        stays None."""
+        buf = next((g for g in self.grads if g.is_cuda), None)
+        stream = stream_of(buf) if buf is not None else 0
+        try:
+            self.reducer.synchronize(stream)
+        finally:
+            self._synced = True
+        if self.as_view:
+            rebuilds = self.reducer.stats()["bucket_rebuilds"]
+            if rebuilds != self._rebuilds:  # the learned order moved the slices
+                self._rebuilds = rebuilds
+                self.grads = [torch.from_dlpack(self.reducer.gradient(i))
+                              for i in range(len(self.params))]
+                for p, g in zip(self.params, self.grads):
+                    if p.grad is not None:
+                        p.grad = g
+        nonzero = next((n for n, g in zip(self.names, self.grads) if bool(g.any())), None)
+        if nonzero is None:
+            return False
+        self._synced = False  # the step this rank skipped is over
+        raise error(_C.InvalidArgumentError,
+                    f"{self.name}: step() (or synchronize()) without a backward pass on "
+                    "this rank since the last step, while other ranks of group "
+                    f"'{self.group.name}' reduced gradients ('{nonzero}' is not zero): "
+                    "their average counted this rank's gradients as zeros. Every rank "
+                    "must run loss.backward() before step(), or none may")
+
+    def step_done(self):
+        """The optimizer stepped: the next synchronize() belongs to a new
+        step (without a backward pass before it, the misuse above)."""
+        self._synced = False
 
     def broadcast_parameters(self, root_rank=0):
         """Collective: copies every registered parameter from root_rank."""

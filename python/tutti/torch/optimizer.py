@@ -86,10 +86,22 @@ class _GroupedSync:
         return any(s.pending for s in self.syncs)
 
     def synchronize(self):
-        reduced = False
+        # A step without a backward pass on this rank (InvalidArgumentError
+        # from a GradSync) still reduces every group first, so that no rank
+        # that ran one waits for a group this rank skipped.
+        reduced, misuse = False, None
         for s in self.syncs:
-            reduced = s.synchronize() or reduced
+            try:
+                reduced = s.synchronize() or reduced
+            except _C.InvalidArgumentError as e:
+                misuse = misuse or e
+        if misuse is not None:
+            raise misuse
         return reduced
+
+    def step_done(self):
+        for s in self.syncs:
+            s.step_done()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -181,7 +193,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             self._tutti.synchronize()
-        return super(self.__class__, self).step(closure)
+        loss = super(self.__class__, self).step(closure)
+        self._tutti.step_done()
+        return loss
 
     def zero_grad(self, *args, **kwargs):
         if self._tutti.pending:
