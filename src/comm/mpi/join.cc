@@ -5,6 +5,7 @@
 #include "comm/mpi/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/running_op.h"
+#include "comm/mpi/status_service.h"
 #include "comm/registry.h"
 #include "core/check.h"
 #include "tutti/config.h"
@@ -24,6 +25,38 @@ void collect(const std::shared_ptr<MpiCommunicator>& c,
              std::vector<std::shared_ptr<MpiCommunicator>>& out) {
   out.push_back(c);
   for (const auto& f : c->followers()) collect(f, out);
+}
+
+// The family without the followers that some other member no longer has
+// (its garbage collector freed the group: Python frees a dropped model's
+// reducer whenever it runs), asked over the status service, out of band,
+// since the group itself is busy with the running ranks' ops.  A join loop
+// posts its check on every follower it serves, and a collective posted on a
+// communicator that a member has freed is erroneous in MPI (Open MPI queues
+// the fragments under the freed context id for whichever communicator gets
+// it next): the Python suite segfaulted in ob1's matching inside join()
+// once two ranks held different DistributedDataParallel models' channels.
+// Such a follower is given up at once (later ops on it: kAborted).  A peer
+// that does not answer keeps the follower, and one freed during the join
+// is given up after it (common_ids below), as before.
+std::vector<std::shared_ptr<MpiCommunicator>> live_everywhere(
+    std::vector<std::shared_ptr<MpiCommunicator>> family) {
+  if (family.size() <= 1 || !StatusService::instance().running()) return family;
+  const double grace =
+      static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0;
+  std::vector<std::shared_ptr<MpiCommunicator>> kept{family[0]};
+  for (size_t i = 1; i < family.size(); ++i) {
+    const auto& f = family[i];
+    bool everywhere = true;
+    for (const PeerStatus& p :
+         StatusService::instance().query(f->comm_id(), f->peer_world_ranks(), grace))
+      everywhere = everywhere && (!p.answered || p.member);
+    if (everywhere)
+      kept.push_back(f);
+    else
+      f->give_up();
+  }
+  return kept;
 }
 
 // The ids of `mine` that every rank of `comm` has (collective).
@@ -122,7 +155,10 @@ std::vector<std::shared_ptr<MpiCommunicator>> MpiCommunicator::followers() {
   std::vector<std::weak_ptr<MpiCommunicator>> kept;
   for (const auto& w : followers_)
     if (auto f = w.lock()) {
-      if (f->closed_) continue;
+      // A follower an earlier join() gave up (poisoned) is unusable: a loop
+      // started on it failed at once, and join() raised while its loop on
+      // the group went on serving.
+      if (f->closed_ || f->poisoned_) continue;
       live.push_back(f);
       kept.push_back(w);
     }
@@ -250,6 +286,7 @@ int join(const std::shared_ptr<MpiCommunicator>& comm) {
   if (comm->size() == 1) return 0;
   std::vector<std::shared_ptr<MpiCommunicator>> family;
   collect(comm, family);
+  family = live_everywhere(std::move(family));
   auto session = std::make_shared<JoinSession>(
       family.size(), config::get_double("TUTTI_TIMEOUT"));
   for (size_t i = 0; i < family.size(); ++i)

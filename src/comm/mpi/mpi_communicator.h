@@ -104,18 +104,21 @@ class MpiCommunicator : public Communicator,
   void start_join_loop(const std::shared_ptr<JoinSession>& session, size_t slot);
   // TUTTI_CHECK_COLLECTIVES as this communicator reads it.
   bool checks_on() { return settings_.get().check_ops; }
+  // join() gave this follower up (a member no longer has it): later ops
+  // fail with kAborted, and later joins leave it alone (followers()).
+  void give_up() { poisoned_ = true; }
 
   [[noreturn]] void fail_timeout(const comm::OpLabel& desc, uint64_t seq,
                                  double seconds, const char* phase);
 
  private:
-  class RunningOp;
-  // An operation as queued: the request plus the settings in force when it
-  // was submitted.
   // The departure check of op #`seq` (RunningOp's watch; engine thread):
   // throws kCommFailure, breaking the communicator, when a member closed
   // it (shutdown, at exit, or dropped) before entering op #seq.
   void check_departures(const comm::OpLabel& desc, uint64_t seq, const char* phase);
+  class RunningOp;
+  // An operation as queued: the request plus the settings in force when it
+  // was submitted.
   struct Queued {
     OpRequest request;
     bool check = true;
@@ -164,13 +167,13 @@ class MpiCommunicator : public Communicator,
   // The running op's stall watch (engine thread only; null between ops and
   // in a group of one).  Set by RunningOp.
   StallWatch* stall_ = nullptr;
-  // Same-membership splits (weak: they die with their groups).
-  std::mutex followers_mu_;
-  std::vector<std::weak_ptr<MpiCommunicator>> followers_;
   // check_departures(): StatusService::departures() when last looked at,
   // and the members known to have left (engine thread only).
   uint64_t departures_seen_ = 0;
   std::vector<Departure> departed_;
+  // Same-membership splits (weak: they die with their groups).
+  std::mutex followers_mu_;
+  std::vector<std::weak_ptr<MpiCommunicator>> followers_;
 };
 
 }  // namespace mpi
