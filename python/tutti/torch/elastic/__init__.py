@@ -24,7 +24,7 @@ elastic training script runs under ``tutti-run`` unchanged.
     train(state)
 
 Horovod re-forms the job in-process; tutti checkpoints and restarts it
-(docs/python.md, "Elastic (Horovod-compatible)"):
+(docs/python_checkpoint.md, "Elastic (Horovod-compatible)"):
 
 * ``state.commit()`` keeps the state in memory (``restore()`` returns to
   it), writes it as a tutti checkpoint (TUTTI_CKPT_DIR or
