@@ -48,6 +48,11 @@ const std::vector<SettingInfo> kSettings = {
      "off (the hooks then cost one atomic load)."},
     {"TUTTI_STATUS_GRACE_MS", "int", "2000",
      "After a timeout, how long to wait for peers to report where they are."},
+    {"TUTTI_REPORT_MAX_RANKS", "int", "8",
+     "Reports and errors list at most this many ranks one by one; longer "
+     "lists become ranges of consecutive ranks ('ranks 0-511, 513-1023'), "
+     "at most this many ranges and groups of missing ranks, the rest "
+     "counted."},
     {"TUTTI_MPI_THREAD_LEVEL", "string", "multiple",
      "Thread level tutti asks MPI_Init_thread for when it initialises MPI. "
      "tutti needs multiple and refuses to start below it (init() raises "

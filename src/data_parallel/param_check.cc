@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/rank_list.h"
 #include "core/check.h"
 #include "core/cuda_utils.h"
 #include "core/host_buffer.h"
+#include "data_parallel/list_agreement.h"
 
 namespace tutti {
 namespace dp {
@@ -44,13 +46,6 @@ inline uint64_t merge(uint64_t acc, uint64_t v) {
 // with the previous chunk's digest, so a CUDA parameter (copied to the host
 // one chunk at a time) and a host one with the same bytes agree.
 constexpr size_t kChunk = size_t{4} << 20;
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
 
 }  // namespace
 
@@ -118,60 +113,70 @@ uint64_t digest_tensor(const Tensor& t, void* stream) {
 
 void check_parameters_agree(Communicator& comm, const std::string& context,
                             const std::vector<ParamEntry>& params, void* stream) {
-  const int size = comm.size();
+  const int size = comm.size(), rank = comm.rank();
   const size_t n = params.size();
   if (size <= 1 || n == 0) return;
   std::vector<uint64_t> mine(n);
   for (size_t i = 0; i < n; ++i) mine[i] = digest_tensor(params[i].value, stream);
-  uint64_t digest = digest_bytes(mine.data(), n * sizeof(uint64_t));
-  std::vector<uint64_t> digests(static_cast<size_t>(size));
-  OpOptions o;
-  o.name = context + " parameter digest";
-  // uint64 digests travel as int64 (the same bits; only equality matters).
-  comm.allgather(Tensor(&digest, DType::kInt64, Shape{1}),
-                 Tensor(digests.data(), DType::kInt64, Shape{size}), o);
-  bool same = true;
-  for (int r = 1; r < size; ++r) same = same && digests[static_cast<size_t>(r)] == digests[0];
-  if (same) return;
-  // Every rank saw the same digests: all exchange the per-parameter ones.
+  const uint64_t digest = digest_bytes(mine.data(), n * sizeof(uint64_t));
+  // (d, ~d) all-reduced by MAX: d agrees everywhere iff max(d) == ~max(~d)
+  // (~ reverses the int64 order), which every rank reads alike.
+  int64_t words[2] = {static_cast<int64_t>(digest), static_cast<int64_t>(~digest)};
+  const auto allreduce = [&](const Tensor& t, const std::string& what) {
+    count_agreement_collective(t.nbytes());
+    OpOptions o;
+    o.name = context + " " + what;
+    comm.allreduce(t, ReduceOp::kMax, o);
+  };
+  allreduce(Tensor(words, DType::kInt64, Shape{2}), "parameter digest");
+  if (words[0] == ~words[1]) return;
+  // Every rank takes this branch.  Rank 0's per-parameter digests to all,
+  // then flags all-reduced by MAX (one byte per parameter and per rank), so
+  // no rank gathers the others' digests: O(parameters + W) bytes each.
+  std::vector<uint64_t> ref = mine;
   const int64_t ni = static_cast<int64_t>(n);
-  std::vector<uint64_t> table(n * static_cast<size_t>(size));
-  o.name = context + " per-parameter digests";
-  comm.allgather(Tensor(mine.data(), DType::kInt64, Shape{ni}),
-                 Tensor(table.data(), DType::kInt64, Shape{ni * size}), o);
-  auto at = [&](int r, size_t i) { return table[static_cast<size_t>(r) * n + i]; };
+  count_agreement_collective(n * sizeof(uint64_t));
+  OpOptions o;
+  o.name = context + " per-parameter digests of rank 0";
+  // uint64 digests travel as int64 (the same bits; only equality matters).
+  comm.broadcast(Tensor(ref.data(), DType::kInt64, Shape{ni}), 0, o);
+  //  flags[i]: parameter i differs from rank 0's on some rank;
+  //  flags[n + r]: rank r's copy differs from rank 0's somewhere.
+  std::vector<uint8_t> flags(n + static_cast<size_t>(size), 0);
+  for (size_t i = 0; i < n; ++i)
+    if (mine[i] != ref[i]) flags[i] = flags[n + static_cast<size_t>(rank)] = 1;
+  allreduce(Tensor(flags.data(), DType::kUInt8, Shape{ni + size}), "differing parameters");
   size_t first = n;
-  std::vector<int> first_ranks, any_ranks;
-  int differing = 0;
+  int64_t differing = 0;
   for (size_t i = 0; i < n; ++i) {
-    std::vector<int> ranks;
-    for (int r = 1; r < size; ++r)
-      if (at(r, i) != at(0, i)) ranks.push_back(r);
-    if (ranks.empty()) continue;
+    if (!flags[i]) continue;
     ++differing;
-    if (first == n) {
-      first = i;
-      first_ranks = ranks;
-    }
-    for (int r : ranks) {
-      bool known = false;
-      for (int k : any_ranks) known = known || k == r;
-      if (!known) any_ranks.push_back(r);
-    }
+    if (first == n) first = i;
   }
-  std::sort(any_ranks.begin(), any_ranks.end());
+  std::vector<int> any_ranks;
+  for (int r = 0; r < size; ++r)
+    if (flags[n + static_cast<size_t>(r)]) any_ranks.push_back(r);
   const std::string group = comm.name() == "world" ? std::string()
                                                    : " of group '" + comm.name() + "'";
   if (first == n)  // equal tables with different digests of them cannot happen
     TUTTI_THROW(kInternal, context, ": the parameter digests differ across ranks",
                 group, " but every parameter's digest agrees");
+  // The ranks whose copy of that first parameter differs.
+  std::vector<uint8_t> at_first(static_cast<size_t>(size), 0);
+  at_first[static_cast<size_t>(rank)] = mine[first] != ref[first];
+  allreduce(Tensor(at_first.data(), DType::kUInt8, Shape{size}), "ranks differing at parameter #" +
+                                                                     std::to_string(first));
+  std::vector<int> first_ranks;
+  for (int r = 0; r < size; ++r)
+    if (at_first[static_cast<size_t>(r)]) first_ranks.push_back(r);
+  const int cap = tutti::comm::report_max_ranks();
   const ParamEntry& p = params[first];
   TUTTI_THROW(kMismatch, context, ": the replicas' parameters differ at the first "
               "step: parameter #", first, " '", p.name, "' ", dtype_name(p.value.dtype()),
-              p.value.shape().str(), " of ", rank_list(first_ranks), group,
+              p.value.shape().str(), " of ", tutti::comm::format_ranks(first_ranks, cap), group,
               " differs from rank 0's (", differing, " of ", n, " parameters differ, on ",
-              rank_list(any_ranks), "). Every replica must start from the same values: "
-              "call broadcast_parameters(0) after build() (Python: "
+              tutti::comm::format_ranks(any_ranks, cap), "). Every replica must start from the same "
+              "values: call broadcast_parameters(0) after build() (Python: "
               "hvd.broadcast_parameters(model.state_dict(), root_rank=0)), or set "
               "TUTTI_CHECK_PARAMETERS=0 if the replicas are meant to differ");
 }

@@ -8,12 +8,17 @@
 //  1. each rank digests every registered parameter's bytes (64 bits each;
 //     CUDA parameters are copied to the host in chunks first) and one digest
 //     of those digests;
-//  2. one allgather of that single digest on the group's host communicator
-//     (8 bytes per rank): all equal, done;
-//  3. else (every rank sees the same gathered digests, so every rank takes
-//     this branch) one allgather of the per-parameter digests, and every
-//     rank raises the same kMismatch naming the first parameter that
-//     differs and the ranks whose copy differs from rank 0's.
+//  2. one all-reduce MAX of (digest, ~digest) on the group's host
+//     communicator (16 bytes): max == ~max(~) exactly when every rank's
+//     digest is the same, so all ranks take the same branch;
+//  3. else rank 0 broadcasts its per-parameter digests, one all-reduce MAX
+//     of one flag byte per parameter and per rank finds the parameters that
+//     differ and the ranks that hold a differing copy, and one more (a byte
+//     per rank) the ranks whose copy of the first such parameter differs;
+//     every rank raises the same kMismatch naming that parameter and the
+//     ranks (as ranges past TUTTI_REPORT_MAX_RANKS).  No rank gathers the
+//     others' digests: O(parameters + W) bytes and a fixed number of
+//     collectives per rank, whatever W.
 // Over the reducer's own group only: in a ProcessMesh that is the
 // data-parallel group, whose members hold replicas of the same tensor-parallel
 // shard (shards legitimately differ across the tensor-parallel group).
