@@ -1,7 +1,8 @@
 // The sharded optimizer's state (tutti/zero.h).  sharded_optimizer.cc holds
 // setup and the step; zero_gather.cc the update and all-gather;
 // zero_state.cc the checkpoint state and consolidate(); zero_remap.cc the
-// move onto the reducer's learned bucket plan.
+// move onto the reducer's learned bucket plan (point-to-point, O(model / W)
+// bytes per rank).
 //
 // Per bucket b (N elements, W ranks, S = ceil(N / W), this rank r):
 //  * master, states[k]: float32, the n = |[r*S, min((r+1)*S, N))| elements
@@ -76,6 +77,18 @@ struct Bucket {
 // The state names of an optimizer kind, as torch.optim calls them.
 std::vector<std::string> state_names(optim::Kind kind);
 
+// What this process's last remap() moved (zero_remap.cc), for the scale
+// tests (tests/scale/dp.cmake): bytes to and from other ranks (its own
+// pieces move in place and are not counted), messages sent, and the most
+// peers it sent to or received from.
+struct RemapCost {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t messages_sent = 0;
+  uint64_t peers = 0;
+};
+RemapCost last_remap_cost();
+
 }  // namespace zero
 
 class ShardedOptimizerImpl {
@@ -119,12 +132,14 @@ class ShardedOptimizerImpl {
   void on_plan_fixed(bool replanned);
   // The reducer re-planned its buckets: every parameter's master weights,
   // states and (stage 2) gradient shard move from (old bucket, offset) to
-  // (new bucket, offset); collective (zero_remap.cc).
+  // (new bucket, offset), each rank sending and receiving only its own
+  // shard's pieces (point-to-point on the group); collective
+  // (zero_remap.cc).
   void remap();
   // Bucket z's flat array of which this rank holds `mine` (its z.owned
   // elements) gathered whole into `whole` (allocated on first use, numel
   // elements of mine's dtype): allgatherv of the uneven shards; collective
-  // (consolidate, remap).
+  // (consolidate).
   void gather_whole(const zero::Bucket& z, const dp::FusionBuffer& mine, dp::FusionBuffer& whole,
                     const OpOptions& o);
   // CUDA buckets: waits for the default stream (where gather_whole's copies
