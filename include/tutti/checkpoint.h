@@ -11,10 +11,14 @@
 //   }
 //   ckpt.wait();
 //
-// A checkpoint is a directory <dir>/step-<N>/ with one safetensors shard per
-// rank (readable by any safetensors library) and a manifest.json that names
-// every shard with its size and checksum, the step, world size and mesh, and
-// the caller's non-tensor state.  The commit protocol (docs/checkpoint.md):
+// A checkpoint is a directory <dir>/step-<N>/ with safetensors shards
+// (readable by any safetensors library) and a manifest.json that names
+// every shard with its size and checksum, where each tensor's pieces lie,
+// the step, world size and mesh, and the caller's non-tensor state.  In the
+// default layout (CheckpointLayout::kOnce) replicated state is written once
+// across the job, spread over the ranks, and sharded state by its owners; a
+// rank that owns nothing writes no shard.  The commit protocol
+// (docs/checkpoint.md):
 //   1. every rank writes its shard to a temporary name, fsyncs and renames it;
 //   2. the ranks agree that every shard is durable (a failure on any rank
 //      raises on every rank; a rank that never answers raises kTimeout on
@@ -53,6 +57,17 @@ namespace tutti {
 
 // Named components: tensor "<component>/<tensor name>" in the checkpoint.
 using Components = std::vector<std::pair<std::string, Stateful*>>;
+
+// Who writes what (docs/checkpoint.md, "Layouts").
+enum class CheckpointLayout {
+  kFromSetting,  // TUTTI_CKPT_LAYOUT: once or per-rank
+  kOnce,         // replicated tensors written once across the job, cut into
+                 // chunks spread over the ranks; a dimension-split piece held
+                 // by several ranks (TP inside DP) by one of them; flat and
+                 // per-rank pieces by their owner (manifest version 3)
+  kPerRank,      // every rank writes every tensor it holds (manifest version
+                 // 2: what tutti wrote before, readable by older tutti)
+};
 
 // What a load that finds no complete checkpoint does (see load_latest).
 enum class FreshStart {
@@ -100,6 +115,9 @@ struct CheckpointOptions {
   // O_EXCL | O_NOFOLLOW: nothing planted at their names is followed.
   unsigned file_mode = 0;
   unsigned dir_mode = 0;
+  // Who writes what; kFromSetting: TUTTI_CKPT_LAYOUT (default once).  Every
+  // rank must pass the same value.  Either layout loads into any group size.
+  CheckpointLayout layout = CheckpointLayout::kFromSetting;
 };
 
 struct LoadOptions {
@@ -127,6 +145,10 @@ struct LoadResult {
   std::string metadata_json;  // what save() was given
   int saved_world_size = 0;   // the group size that wrote it
   std::vector<std::string> skipped;  // optional tensors left unchanged
+  // This rank's reads during the whole load (every checkpoint it tried):
+  // files opened (shards, and the manifest on rank 0) and bytes read.
+  uint64_t files_opened = 0;
+  uint64_t bytes_read = 0;
 };
 
 struct CheckpointInfo {
@@ -139,7 +161,9 @@ struct CheckpointInfo {
 // Timings of the last save, for benchmarks and logs.
 struct SaveStats {
   int64_t step = -1;
-  uint64_t bytes = 0;       // this rank's tensor bytes
+  uint64_t bytes = 0;       // this rank's tensor bytes (its whole state)
+  uint64_t written_bytes = 0;  // tensor bytes this rank wrote (kOnce: its
+                               // share of the job's state; 0: no shard)
   double blocking_s = 0;    // time save() held the caller
   double snapshot_s = 0;    // copying the state into host buffers
   double write_s = 0;       // hashing, writing and fsyncing this rank's shard

@@ -162,8 +162,14 @@ void bind_checkpoint(pyb::module_& m) {
       .def(pyb::init([](std::shared_ptr<ProcessGroup> group, std::string dir, int keep_last,
                         bool async_save, double timeout, pyb::object mesh, bool direct_io,
                         int64_t stream, FreshStart fresh_start, unsigned file_mode,
-                        unsigned dir_mode) {
+                        unsigned dir_mode, const std::string& layout) {
              CheckpointOptions o;
+             TUTTI_ARG_CHECK(layout.empty() || layout == "once" || layout == "per-rank",
+                             "CheckpointManager: layout='", layout,
+                             "' (expected 'once', 'per-rank' or '' for TUTTI_CKPT_LAYOUT)");
+             o.layout = layout.empty() ? CheckpointLayout::kFromSetting
+                        : layout == "once" ? CheckpointLayout::kOnce
+                                           : CheckpointLayout::kPerRank;
              o.fresh_start = fresh_start;
              o.file_mode = file_mode;
              o.dir_mode = dir_mode;
@@ -185,12 +191,17 @@ void bind_checkpoint(pyb::module_& m) {
            pyb::arg("mesh") = pyb::none(), pyb::arg("direct_io") = true,
            pyb::arg("stream") = 0, pyb::arg("fresh_start") = FreshStart::kFromSetting,
            pyb::arg("file_mode") = 0u, pyb::arg("dir_mode") = 0u,
+           pyb::arg("layout") = "",
            "dir '' means TUTTI_CKPT_DIR; keep_last <= 0 means TUTTI_CKPT_KEEP; "
            "timeout <= 0 means TUTTI_CKPT_TIMEOUT.  direct_io: shard data written "
            "with O_DIRECT (buffered where the file system has none).  fresh_start: "
            "a FreshStart (FROM_SETTING: TUTTI_CKPT_FRESH_START).  file_mode / "
            "dir_mode: permissions of what tutti creates, less the umask (0: "
-           "TUTTI_CKPT_FILE_MODE 0600 / TUTTI_CKPT_DIR_MODE 0700).  Collective.")
+           "TUTTI_CKPT_FILE_MODE 0600 / TUTTI_CKPT_DIR_MODE 0700).  layout: "
+           "'once' (replicated tensors written once across the job; manifest "
+           "version 3), 'per-rank' (every rank writes every tensor it holds; "
+           "version 2, what older tutti reads) or '' (TUTTI_CKPT_LAYOUT, default "
+           "once).  Collective.")
       .def("save",
            [](PyCheckpointManager& self, int64_t step, pyb::handle state, pyb::object metadata) {
              Prepared p = prepare(state);
@@ -235,13 +246,16 @@ void bind_checkpoint(pyb::module_& m) {
              d["metadata"] = json_loads(r->metadata_json);
              d["saved_world_size"] = r->saved_world_size;
              d["skipped"] = r->skipped;
+             d["files_opened"] = r->files_opened;
+             d["bytes_read"] = r->bytes_read;
              return std::move(d);
            },
            pyb::arg("state"), pyb::kw_only(), pyb::arg("step") = -1,
            pyb::arg("optional") = std::vector<std::string>{}, pyb::arg("resume") = true,
            "Collective: loads the newest checkpoint that verifies (or exactly "
            "`step`) into the state's tensors, resharding as needed.  Returns "
-           "{step, name, metadata, saved_world_size, skipped} or None when there "
+           "{step, name, metadata, saved_world_size, skipped, files_opened, "
+           "bytes_read (this rank's reads)} or None when there "
            "is none.  `optional`: names or 'prefix/' that may be absent.  "
            "resume=False: a read-only load that changes nothing in the directory "
            "(newer checkpoints are not set aside as an abandoned timeline).")
@@ -268,6 +282,7 @@ void bind_checkpoint(pyb::module_& m) {
         pyb::dict d;
         d["step"] = s.step;
         d["bytes"] = s.bytes;
+        d["written_bytes"] = s.written_bytes;
         d["blocking_s"] = s.blocking_s;
         d["snapshot_s"] = s.snapshot_s;
         d["write_s"] = s.write_s;

@@ -18,7 +18,10 @@
 #include "checkpoint/agreement.h"
 #include "checkpoint/catalog.h"
 #include "checkpoint/commit.h"
+#include "checkpoint/digest.h"
 #include "checkpoint/dir_lock.h"
+#include "checkpoint/election.h"
+#include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/loader.h"
 #include "checkpoint/manifest.h"
@@ -61,9 +64,16 @@ class CheckpointManager::Impl {
     Snapshot snap;
     nlohmann::json metadata;
     std::vector<std::string> components;
+    bool once = true;                     // the layout of this save
+    std::vector<ckpt::TensorDecl> declared;  // rank 0, once layout
+    std::string snapshot_error;  // the copy failed after the layout was agreed
   };
   void writer_loop();
   void persist(Job& job);
+  // Agrees on the layout (election.h) and copies what this rank writes.
+  // Raises on every rank when any rank's state is invalid.
+  void snapshot(Job& job, const std::function<StateDict()>& state);
+  void log_layout(const ckpt::Election& e, int64_t step);
 
   std::string parent_name() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -88,6 +98,8 @@ class CheckpointManager::Impl {
   std::string parent_;
   std::shared_ptr<ckpt::DirLock> lock_;  // rank 0 only
   ckpt::FreshStartRule fresh_;
+  ckpt::ElectionConfig layout_;
+  bool warned_fallback_ = false, warned_divergent_ = false;
   std::thread writer_;
 };
 
@@ -107,6 +119,7 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
   cfg_.direct_io = o.direct_io;
   cfg_.file_mode = ckpt::permission_mode(o.file_mode, "TUTTI_CKPT_FILE_MODE");
   cfg_.dir_mode = ckpt::permission_mode(o.dir_mode, "TUTTI_CKPT_DIR_MODE");
+  layout_ = ckpt::election_config(o.layout);
   cfg_.mesh = o.mesh_json.empty()
                   ? nlohmann::json{{"world_size", group->size()}}
                   : ckpt::parse_user_metadata(o.mesh_json);
@@ -189,8 +202,16 @@ void CheckpointManager::Impl::persist(Job& job) {
   copier_.wait();  // CUDA copies landed in host memory
   ckpt::CommitTimes t;
   const std::string parent = parent_name();
-  const std::string name = ckpt::persist_and_commit(*comm_, cfg_, job.step, parent, job.snap,
-                                                    job.metadata, job.components, &t);
+  ckpt::SaveRequest req;
+  req.step = job.step;
+  req.parent = parent;
+  req.snap = &job.snap;
+  req.metadata = job.metadata;
+  req.components = job.components;
+  req.once = job.once;
+  req.declared = job.declared;
+  req.local_error = job.snapshot_error;
+  const std::string name = ckpt::persist_and_commit(*comm_, cfg_, req, &t);
   std::lock_guard<std::mutex> lock(mu_);
   parent_ = name;
   stats_.write_s = t.write_s;
@@ -208,6 +229,97 @@ void CheckpointManager::Impl::wait() {
   }
 }
 
+void CheckpointManager::Impl::snapshot(Job& job, const std::function<StateDict()>& state) {
+  // A rank whose state is invalid must not leave the others waiting in the
+  // commit until the timeout: the first all-reduce carries its verdict.
+  std::exception_ptr invalid;
+  StateDict st;
+  std::vector<ckpt::Placement> placements;
+  std::vector<uint64_t> digests;
+  std::unique_ptr<ckpt::Election> election;
+  auto make_election = [&] {
+    election = std::make_unique<ckpt::Election>(st, placements, layout_, comm_->rank(),
+                                                comm_->size());
+  };
+  try {
+    TUTTI_ARG_CHECK(job.step >= 0, "checkpoint step ", job.step, " is negative");
+    st = state();
+    ckpt::per_rank_as_stored(&st, comm_->rank(), comm_->size());
+    placements = ckpt::describe_state(st, job.step);
+    make_election();
+    if (layout_.once) {
+      std::vector<Tensor> replicas;
+      for (size_t i : election->digest_sources()) replicas.push_back(st[i].tensor);
+      digests = ckpt::replica_digests(replicas, layout_.check, copier_, pool_);
+    }
+  } catch (const Error&) {
+    invalid = std::current_exception();
+    st.clear();
+    placements.clear();
+    make_election();
+  }
+  ckpt::Agreement agree(*comm_, cfg_.timeout_s, detail::cat("checkpoint step ", job.step));
+  const std::vector<int64_t> catalogs =
+      agree.allreduce_max(election->catalog_words(invalid != nullptr), "checking every rank's state");
+  if (invalid) std::rethrow_exception(invalid);
+  if (catalogs[0])
+    TUTTI_THROW(kInvalidArgument, "checkpoint step ", job.step,
+                " not saved: another rank's state or metadata was invalid (see its error)");
+  std::vector<int64_t> slots;
+  if (!election->catalogs_agree(catalogs))
+    election->set_fallback(
+        "the ranks hold different state (tensor names, dtypes, global shapes or splits) or "
+        "different layout settings (TUTTI_CKPT_LAYOUT, TUTTI_CKPT_CHUNK_MB, "
+        "TUTTI_CKPT_VERIFY_REPLICAS)");
+  else if (layout_.once)
+    slots = agree.allreduce_max(election->slot_words(digests), "electing the writers");
+  const std::vector<ckpt::WriteItem> items = election->decide(slots);
+  job.once = layout_.once && election->fallback().empty();
+  log_layout(*election, job.step);
+  fault::fault_point("after_election");
+  uint64_t bytes = 0;
+  for (const NamedTensor& nt : st) bytes += nt.tensor.nbytes();
+  if (job.once && comm_->rank() == 0)
+    for (size_t i = 0; i < st.size(); ++i)
+      job.declared.push_back({st[i].name, st[i].tensor.dtype(), placements[i].global_shape});
+  // From here on every rank is committed to the save: a failed copy is
+  // reported through the commit's agreement, which raises on every rank.
+  try {
+    job.snap = ckpt::take_snapshot(st, items, pool_, copier_);
+  } catch (const Error& e) {
+    job.snapshot_error = e.message();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes = bytes;
+  stats_.written_bytes = job.snap.total;
+}
+
+void CheckpointManager::Impl::log_layout(const ckpt::Election& e, int64_t step) {
+  if (comm_->rank() != 0) return;
+  // Said at WARN the first time, at INFO for later saves.
+  auto say = [](bool& warned, const std::string& msg) {
+    if (warned) TUTTI_LOG(kInfo) << msg;
+    else TUTTI_LOG(kWarn) << msg;
+    warned = true;
+  };
+  if (!e.fallback().empty())
+    say(warned_fallback_,
+        detail::cat("checkpoint step ", step, ": ", e.fallback(),
+                    "; this save uses the per-rank layout (every rank writes every tensor it "
+                    "holds)"));
+  const auto& d = e.divergent();
+  if (d.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < d.size() && i < 4; ++i) names += (i ? ", '" : "'") + d[i] + "'";
+  say(warned_divergent_,
+      detail::cat("checkpoint step ", step, ": ", d.size(),
+                  " tensors declared replicated (or split alike over several ranks) hold "
+                  "different values on the ranks that hold them (", names,
+                  d.size() > 4 ? ", ..." : "",
+                  "); each of those ranks wrote its own copy. Mark per-rank state "
+                  "ShardInfo::per_rank"));
+}
+
 void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()>& state,
                                    const std::string& metadata,
                                    std::vector<std::string> components) {
@@ -218,34 +330,23 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
   auto job = std::make_unique<Job>();
   job->step = step;
   job->components = std::move(components);
-  // A rank whose state is invalid must not leave the others waiting in the
-  // commit until the timeout: agree on the snapshot first (one int64).
-  std::exception_ptr invalid;
-  try {
-    TUTTI_ARG_CHECK(step >= 0, "checkpoint step ", step, " is negative");
-    job->metadata = ckpt::parse_user_metadata(metadata);
-    StateDict st = state();
-    ckpt::per_rank_as_stored(&st, comm_->rank(), comm_->size());
-    job->snap = ckpt::take_snapshot(st, step, pool_, copier_);
-  } catch (const Error&) {
-    invalid = std::current_exception();
-  }
-  ckpt::Agreement agree(*comm_, cfg_.timeout_s, detail::cat("checkpoint step ", step));
-  const int64_t bad = agree.allreduce_max(invalid ? 1 : 0, "checking every rank's state");
-  if (bad) {
-    copier_.wait();
-    pool_.release(std::move(job->snap.buffer));
-  }
-  if (invalid) std::rethrow_exception(invalid);
-  if (bad)
-    TUTTI_THROW(kInvalidArgument, "checkpoint step ", step,
-                " not saved: another rank's state or metadata was invalid (see its error)");
-  const auto t1 = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_ = SaveStats();
     stats_.step = step;
-    stats_.bytes = job->snap.total;
+  }
+  std::exception_ptr bad_metadata;
+  try {
+    job->metadata = ckpt::parse_user_metadata(metadata);
+  } catch (const Error&) {
+    bad_metadata = std::current_exception();
+  }
+  snapshot(*job, bad_metadata ? std::function<StateDict()>([&]() -> StateDict {
+    std::rethrow_exception(bad_metadata);
+  }) : state);
+  const auto t1 = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     stats_.snapshot_s = std::chrono::duration<double>(t1 - t0).count();
   }
   if (async_) {
@@ -260,6 +361,7 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
   try {
     persist(*job);
   } catch (...) {
+    copier_.wait();
     pool_.release(std::move(job->snap.buffer));
     throw;
   }

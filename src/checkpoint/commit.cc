@@ -1,9 +1,6 @@
 #include "checkpoint/commit.h"
 
 #include <chrono>
-#include <cstring>
-#include <ctime>
-#include <type_traits>
 
 #include <unistd.h>
 
@@ -12,8 +9,11 @@
 #include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/problem_report.h"
 #include "checkpoint/retention.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/shard_writer.h"
+#include "checkpoint/untrusted_json.h"
 #include "core/check.h"
 #include "core/timeline.h"
 #include "tutti/log.h"
@@ -44,48 +44,68 @@ int choose_suffix(const std::string& root, int64_t step, unsigned dir_mode) {
   }
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
+using json = nlohmann::json;
+
+// Kinds of problem a rank reports after the agreement (problem_report.h).
+enum Problem : int64_t { kNoProblem = 0, kWriteFailed = 1, kOtherStep = 2 };
+
+// One rank's report to rank 0 (step 3), a JSON record of the tree gather:
+// {"bytes", "header_xxh64", "tensors", "data_bytes", "pieces": [[name,
+// dtype, local shape, global shape, dim, offset, flat, begin, end, xxh64]]}.
+std::string encode_report(const ShardWriteResult& r, bool with_pieces) {
+  json pieces = json::array();
+  if (with_pieces)
+    for (const StoredTensor& t : r.stored) {
+      const Placement& p = t.placement;
+      pieces.push_back({t.name, dtype_safetensors_name(t.dtype), p.local_shape, p.global_shape,
+                        p.dim, p.offset, p.flat, t.begin, t.end, hex64(t.xxh64)});
+    }
+  return json{{"bytes", r.bytes},
+              {"header_xxh64", hex64(r.header_xxh64)},
+              {"tensors", r.tensors},
+              {"data_bytes", r.data_bytes},
+              {"pieces", pieces}}
+      .dump();
 }
 
-// One rank's answer in the agreement (step 2), exchanged as raw int64 words
-// through Agreement::allgather: every field is 8 bytes, no padding.
-struct ShardReport {
-  int64_t ok = 0;  // 1: this rank's shard is durable
-  uint64_t bytes = 0;
-  uint64_t header_xxh64 = 0;
-  uint64_t tensors = 0;
-  uint64_t data_bytes = 0;
-  int64_t step = 0;  // the step this rank saved (every rank must agree)
-};
-constexpr size_t kReportWords = sizeof(ShardReport) / sizeof(int64_t);
-static_assert(sizeof(ShardReport) == 6 * sizeof(int64_t),
-              "ShardReport is exchanged as raw int64 words");
-static_assert(std::is_trivially_copyable<ShardReport>::value,
-              "ShardReport is exchanged as raw bytes");
-
-std::vector<ShardReport> allgather_reports(Agreement& agree, const ShardReport& mine,
-                                           const char* phase) {
-  std::vector<int64_t> words(kReportWords);
-  std::memcpy(words.data(), &mine, sizeof mine);
-  const std::vector<int64_t> all = agree.allgather(words, phase);
-  std::vector<ShardReport> out(static_cast<size_t>(agree.size()));
-  TUTTI_CHECK(all.size() == out.size() * kReportWords, "allgather of ", out.size(),
-              " shard reports returned ", all.size(), " words, expected ",
-              out.size() * kReportWords);
-  // (void*: trivially copyable, but its member initialisers make GCC warn.)
-  std::memcpy(static_cast<void*>(out.data()), all.data(), all.size() * sizeof(int64_t));
-  return out;
+ShardRecord decode_report(int rank, const std::string& text, std::vector<StoredTensor>* pieces) {
+  const std::string what = "rank " + std::to_string(rank) + "'s shard report";
+  const json j = parse_untrusted_json(text, 4, what);
+  ShardRecord rec;
+  rec.rank = rank;
+  rec.file = shard_file_name(rank);
+  rec.bytes = json_uint(j, "bytes", what);
+  rec.header_xxh64 = parse_hex64(json_string(j, "header_xxh64", what), what);
+  rec.tensors = json_uint(j, "tensors", what);
+  rec.data_bytes = json_uint(j, "data_bytes", what);
+  for (const json& x : json_field(j, "pieces", what)) {
+    StoredTensor t;
+    t.name = x.at(0).get<std::string>();
+    TUTTI_CHECK(dtype_from_safetensors(x.at(1).get<std::string>(), &t.dtype), what,
+                ": unknown dtype ", x.at(1).dump());
+    ShardInfo info;
+    info.global_shape = x.at(3).get<std::vector<int64_t>>();
+    info.dim = x.at(4).get<int>();
+    info.offset = x.at(5).get<int64_t>();
+    info.flat = x.at(6).get<bool>();
+    t.placement = make_placement(x.at(2).get<std::vector<int64_t>>(), info,
+                                 ErrorCode::kInternal, what + " tensor '" + t.name + "'");
+    t.begin = x.at(7).get<uint64_t>();
+    t.end = x.at(8).get<uint64_t>();
+    t.xxh64 = parse_hex64(x.at(9).get<std::string>(), what);
+    pieces->push_back(std::move(t));
+  }
+  return rec;
 }
+
+std::string shard_of_rank(int rank) { return "rank " + std::to_string(rank) + ": " + shard_file_name(rank); }
 
 // Step 0: rank 0 picks and creates the directory, every rank learns its
 // name.  A complete checkpoint ordered after this one is a history this job
 // neither loaded nor wrote (another job, or a volume mounted after the
 // load): refuse rather than publish beside it, and never rename or remove it.
 std::string prepare(Agreement& agree, const CommitConfig& cfg, int64_t step,
-                    const std::string& what) {
+                    const std::string& what, int64_t* root_step) {
   std::string prepare_error;
   int64_t suffix = -1;
   if (agree.rank() == 0) {
@@ -110,7 +130,9 @@ std::string prepare(Agreement& agree, const CommitConfig& cfg, int64_t step,
       suffix = -1;
     }
   }
-  suffix = agree.broadcast(suffix, 0, "choosing the directory");
+  const std::vector<int64_t> choice = agree.broadcast(std::vector<int64_t>{suffix, step}, 0, "choosing the directory");
+  suffix = choice[0];
+  *root_step = choice[1];
   if (suffix < 0) {
     prepare_error = agree.broadcast(prepare_error, 0, "choosing the directory");
     if (suffix == -2) TUTTI_THROW(kInvalidArgument, what, " not saved: ", prepare_error);
@@ -120,98 +142,108 @@ std::string prepare(Agreement& agree, const CommitConfig& cfg, int64_t step,
   return checkpoint_name(step, static_cast<int>(suffix));
 }
 
-// Steps 1 and 2: this rank writes its shard, then every rank learns every
-// rank's report; nothing is published unless every shard is durable.
-// Returns the reports in rank order.
-std::vector<ShardReport> write_and_agree(Agreement& agree, const CommitConfig& cfg,
-                                         const std::string& dir, int64_t step,
-                                         const Snapshot& snap, const std::string& what,
-                                         CommitTimes* times) {
+// The manifest this save publishes.
+struct Publication {
+  const std::string& name;
+  const std::string& dir;
+  const SaveRequest& save;
+};
+
+// Steps 1-3: this rank writes its shard; the ranks agree whether every
+// shard is durable; rank 0 collects the reports (or, after a failure,
+// every rank raises the same error naming the failing ranks).  Returns the
+// reports (rank 0; empty elsewhere).
+std::vector<std::pair<int, std::string>> write_and_agree(Agreement& agree, const CommitConfig& cfg,
+                                                         const std::string& dir,
+                                                         const SaveRequest& save,
+                                                         int64_t root_step, const std::string& what,
+                                                         CommitTimes* times) {
   const int rank = agree.rank();
   ShardWriteResult res;
   std::string write_error;
+  const bool other_step = save.step != root_step;
   const auto tw = Clock::now();
-  try {
-    res = write_shard(dir, snap, rank, agree.size(), step, cfg.direct_io, cfg.file_mode);
-  } catch (const Error& e) {
-    write_error = e.message();
-    if (write_error.find(shard_file_name(rank)) == std::string::npos)
-      write_error += " (writing " + join_path(dir, shard_file_name(rank)) + ")";
+  if (!save.local_error.empty()) {
+    write_error = save.local_error;
+  } else if (!other_step) {
+    try {
+      res = write_shard(dir, *save.snap, rank, agree.size(), save.step, cfg.direct_io,
+                        cfg.file_mode, /*skip_empty=*/save.once);
+    } catch (const Error& e) {
+      write_error = e.message();
+      if (write_error.find(shard_file_name(rank)) == std::string::npos)
+        write_error += " (writing " + join_path(dir, shard_file_name(rank)) + ")";
+    }
   }
   if (times) {
     times->write_s = since(tw);
     times->direct_io = res.direct;
   }
-
-  ShardReport mine;
-  mine.ok = write_error.empty() ? 1 : 0;
-  mine.bytes = res.bytes;
-  mine.header_xxh64 = res.header_xxh64;
-  mine.tensors = res.tensors;
-  mine.data_bytes = res.data_bytes;
-  mine.step = step;
-  const std::vector<ShardReport> all =
-      allgather_reports(agree, mine, "agreeing that every shard is durable");
-  std::vector<int> failed, other_step;
-  for (int r = 0; r < agree.size(); ++r) {
-    const ShardReport& rep = all[static_cast<size_t>(r)];
-    if (rep.ok != 1) failed.push_back(r);
-    if (rep.step != step) other_step.push_back(r);
+  const std::vector<int64_t> flags = agree.allreduce_max(
+      {write_error.empty() ? 0 : 1, other_step ? 1 : 0}, "agreeing that every shard is durable");
+  if (flags[0] || flags[1]) {
+    // Every rank names the failing ranks' files and errors (the lowest
+    // kMaxReports of them), not only the rank that found one.
+    const int64_t kind = other_step ? kOtherStep : write_error.empty() ? kNoProblem : kWriteFailed;
+    auto problems = gather_problems(agree, kind,
+                                    other_step ? "rank " + std::to_string(rank) + " saved step " +
+                                                     std::to_string(save.step)
+                                               : write_error,
+                                    "reporting the failed shards", &shard_of_rank);
+    if (problems.count(kOtherStep)) {
+      const ProblemSummary& p = problems[kOtherStep];
+      TUTTI_THROW(kInvalidArgument, what, " (", dir, ") was not published: ", p.rank_list(),
+                  " saved another step than rank 0's ", root_step,
+                  " (every rank must save the same step): ", p.text);
+    }
+    const ProblemSummary& p = problems[kWriteFailed];
+    TUTTI_THROW(kIo, what, " (", dir, ") was not published: ", p.rank_list(),
+                " could not write ", p.count > 1 ? "their shards" : "its shard", ": ", p.text);
   }
-  if (!other_step.empty())
-    TUTTI_THROW(kInvalidArgument, what, " (", dir, ") was not published: rank",
-                other_step.size() > 1 ? "s " : " ", rank_list(other_step),
-                " saved another step (every rank must save the same step)");
-  if (!failed.empty()) {
-    // Every rank names every failing rank's file and error, not only the
-    // rank that found it.
-    const std::vector<std::string> texts =
-        agree.allgather_text(write_error, "reporting the failed shards");
-    std::string why;
-    for (int r : failed)
-      why += (why.empty() ? "" : "; ") +
-             (texts[static_cast<size_t>(r)].empty()
-                  ? "rank " + std::to_string(r) + ": " + shard_file_name(r)
-                  : texts[static_cast<size_t>(r)]);
-    TUTTI_THROW(kIo, what, " (", dir, ") was not published: rank",
-                failed.size() > 1 ? "s " : " ", rank_list(failed), " could not write ",
-                failed.size() > 1 ? "their shards" : "its shard", ": ", why);
-  }
-  return all;
+  std::string mine;
+  const bool report = res.written || !save.once;
+  if (report) mine = encode_report(res, save.once);
+  return agree.gather_records(report ? &mine : nullptr, "collecting the shard reports");
 }
 
-// The manifest this save publishes.
-struct Publication {
-  const std::string& name;
-  const std::string& dir;
-  int64_t step;
-  const std::string& parent;
-  const nlohmann::json& metadata;
-  const std::vector<std::string>& components;
-};
+// Rank 0: the manifest from the reports.  kInvalidArgument when the once
+// layout's pieces do not describe the tensors consistently or leave some
+// of their elements unwritten (nothing is published then).
+Manifest build_manifest(const Agreement& agree, const CommitConfig& cfg, const Publication& pub,
+                        const std::vector<std::pair<int, std::string>>& reports) {
+  Manifest m;
+  m.name = pub.name;
+  m.step = pub.save.step;
+  m.parent = pub.save.parent;
+  m.world_size = agree.size();
+  m.mesh = cfg.mesh;
+  m.created = utc_now();
+  m.components = pub.save.components;
+  m.metadata = pub.save.metadata;
+  m.indexed = pub.save.once;
+  for (const TensorDecl& d : pub.save.declared)
+    declare_tensor(&m.tensors, d.name, d.dtype, d.shape, 0);
+  for (const auto& r : reports) {
+    std::vector<StoredTensor> pieces;
+    m.shards.push_back(decode_report(r.first, r.second, &pieces));
+    for (const StoredTensor& t : pieces) add_piece(&m.tensors, r.first, t);
+  }
+  TUTTI_CHECK(m.indexed || m.shards.size() == static_cast<size_t>(agree.size()),
+              "per-rank layout: ", m.shards.size(), " shard reports from ", agree.size(), " ranks");
+  if (m.indexed) finish_index(&m.tensors);
+  return m;
+}
 
-// Steps 3 and 4: rank 0 writes the manifest, then `latest`; every rank
+// Steps 4 and 5: rank 0 writes the manifest, then `latest`; every rank
 // learns whether the manifest is durable and raises if it is not.
 void publish(Agreement& agree, const CommitConfig& cfg, const Publication& pub,
-             const std::vector<ShardReport>& reports, const std::string& what) {
-  int64_t committed = 1;
+             const std::vector<std::pair<int, std::string>>& reports, const std::string& what) {
+  int64_t code = 0;  // the ErrorCode rank 0 raised, 0: committed
   std::string commit_error;
   if (agree.rank() == 0) {
+    Manifest m;
     try {
-      Manifest m;
-      m.name = pub.name;
-      m.step = pub.step;
-      m.parent = pub.parent;
-      m.world_size = agree.size();
-      m.mesh = cfg.mesh;
-      m.created = utc_now();
-      m.components = pub.components;
-      m.metadata = pub.metadata;
-      for (int r = 0; r < agree.size(); ++r) {
-        const ShardReport& rep = reports[static_cast<size_t>(r)];
-        m.shards.push_back({r, shard_file_name(r), rep.bytes, rep.header_xxh64, rep.tensors,
-                            rep.data_bytes});
-      }
+      m = build_manifest(agree, cfg, pub, reports);
       try {
         write_file_atomic(pub.dir, kManifestName, manifest_to_json(m), cfg.file_mode,
                           "mid_manifest", "manifest_fsync");
@@ -221,10 +253,10 @@ void publish(Agreement& agree, const CommitConfig& cfg, const Publication& pub,
         throw;
       }
     } catch (const Error& e) {
-      committed = 0;
+      code = static_cast<int64_t>(e.code());
       commit_error = e.message();
     }
-    if (committed) {
+    if (code == 0) {
       fault::fault_point("between_manifest_and_latest");
       try {
         write_file_atomic(cfg.root, kLatestName, pub.name + "\n", cfg.file_mode);
@@ -236,10 +268,15 @@ void publish(Agreement& agree, const CommitConfig& cfg, const Publication& pub,
       }
     }
   }
-  committed = agree.broadcast(committed, 0, "publishing the manifest");
-  if (!committed)
-    TUTTI_THROW(kIo, what, " (", pub.dir, ") was not published: rank 0 could not write ",
-                "its manifest", commit_error.empty() ? "" : ": ", commit_error);
+  code = agree.broadcast(code, 0, "publishing the manifest");
+  if (code != 0) {
+    commit_error = agree.broadcast(commit_error, 0, "publishing the manifest");
+    const auto ec = static_cast<ErrorCode>(code);
+    detail::throw_error(ec, __FILE__, __LINE__,
+                        detail::cat(what, " (", pub.dir, ") was not published: rank 0 could not ",
+                                    ec == ErrorCode::kIo ? "write its manifest" : "index the shards",
+                                    commit_error.empty() ? "" : ": ", commit_error));
+  }
 }
 
 // Step 5: retention, strictly after the commit (rank 0 only).
@@ -252,24 +289,20 @@ void retain(const Agreement& agree, const CommitConfig& cfg, const std::string& 
 }  // namespace
 
 std::string persist_and_commit(ProcessGroup& comm, const CommitConfig& cfg,
-                               int64_t step, const std::string& parent,
-                               const Snapshot& snap,
-                               const nlohmann::json& metadata,
-                               const std::vector<std::string>& components,
-                               CommitTimes* times) {
+                               const SaveRequest& save, CommitTimes* times) {
   const auto t0 = Clock::now();
-  const std::string what = detail::cat("checkpoint step ", step);
+  const std::string what = detail::cat("checkpoint step ", save.step);
   Agreement agree(comm, cfg.timeout_s, what);
 
-  const std::string name = prepare(agree, cfg, step, what);
+  int64_t root_step = save.step;
+  const std::string name = prepare(agree, cfg, save.step, what, &root_step);
   const std::string dir = join_path(cfg.root, name);
-  const std::vector<ShardReport> reports =
-      write_and_agree(agree, cfg, dir, step, snap, what, times);
+  const auto reports = write_and_agree(agree, cfg, dir, save, root_step, what, times);
   fault::fault_point("after_agree");
 
-  TUTTI_TIMELINE(instant(timeline::kCheckpointWriter, "checkpoint", "shards durable", &timeline::Args().i("step", step)));
-  publish(agree, cfg, {name, dir, step, parent, metadata, components}, reports, what);
-  TUTTI_TIMELINE(instant(timeline::kCheckpointWriter, "checkpoint", "commit", &timeline::Args().i("step", step).s("name", name)));
+  TUTTI_TIMELINE(instant(timeline::kCheckpointWriter, "checkpoint", "shards durable", &timeline::Args().i("step", save.step)));
+  publish(agree, cfg, {name, dir, save}, reports, what);
+  TUTTI_TIMELINE(instant(timeline::kCheckpointWriter, "checkpoint", "commit", &timeline::Args().i("step", save.step).s("name", name)));
   if (times) times->commit_s = since(t0);
 
   retain(agree, cfg, name);

@@ -116,13 +116,15 @@ void load_locked(State& st) {
 
 const std::vector<std::string>& known_points() {
   static const std::vector<std::string> points = {
+      "after_election",      // the ranks agreed who writes what (save(),
+                             // the caller's thread); nothing copied yet
       "before_shard_write",  // the snapshot is taken, nothing written yet
       "mid_shard_write",     // half of the shard's bytes are in the temp file
       "after_shard_write",   // all bytes written to the temp file, not synced
       "before_fsync",        // immediately before fsync of the temp shard
       "after_fsync",         // the temp shard is durable, not yet renamed
       "after_rename",        // the shard has its final name; ranks not agreed
-      "after_agree",         // every shard agreed; no manifest yet
+      "after_agree",         // every shard agreed and reported; no manifest yet
       "mid_manifest",        // manifest temp file written, not renamed
       "manifest_fsync",      // immediately before fsync of the manifest
       "between_manifest_and_latest",  // manifest published, `latest` old

@@ -1,5 +1,8 @@
-// Opening a checkpoint (manifest + every shard header, checked against each
-// other) and planning which stored bytes land in which destination tensor.
+// Opening a checkpoint and planning which stored bytes land in which
+// destination tensor.  A version-3 manifest carries the tensor index: the
+// plan comes from it alone, and only the shards a rank reads are opened
+// (shard_files.h checks each one's header against the index then).  Older
+// manifests name only the shards: every shard's header is read.
 #pragma once
 
 #include <map>
@@ -26,16 +29,36 @@ struct OpenedCheckpoint {
 
   std::string dir;
   Manifest manifest;
-  std::vector<ShardIndex> shards;  // index == writer rank
+  bool indexed = false;  // planned from the manifest's index (version 3)
+  // index == writer rank (manifest world size entries).  Indexed: the
+  // pieces come from the index, data_start is known once the shard is
+  // opened (ShardFiles), and `record_of[s]` is shard s's entry in
+  // manifest.shards (-1: rank s wrote no file).
+  std::vector<ShardIndex> shards;
+  std::vector<int> record_of;
+  struct Kind {
+    DType dtype = DType::kFloat32;
+    std::vector<int64_t> shape;  // global
+  };
+  std::map<std::string, Kind> tensors;
   // tensor name -> (shard, stored piece), in shard order
   std::map<std::string, std::vector<std::pair<int, const StoredTensor*>>> pieces;
 };
 
-// Reads dir/manifest.json and every shard's header; checks each shard's
-// size, header checksum and tensor count against the manifest, and the
-// pieces of each tensor against each other (dtype, global shape).  Does not
-// read tensor data.  kCorrupt (or kIo / kNotFound for missing files).
-OpenedCheckpoint open_checkpoint(const std::string& dir);
+struct ReadStats {
+  uint64_t files_opened = 0;
+  uint64_t bytes_read = 0;
+};
+
+// The checkpoint in `dir` described by `manifest` (parsed from
+// dir/manifest.json).  Indexed: no file is opened.  Otherwise every shard's
+// header is read and checked (size, header checksum and tensor count
+// against the manifest; the pieces of each tensor against each other:
+// dtype, global shape).  Does not read tensor data.  kCorrupt (or kIo /
+// kNotFound for missing files).
+OpenedCheckpoint open_checkpoint(const std::string& dir, Manifest manifest, ReadStats* stats);
+// Reads and parses dir/manifest.json, then open_checkpoint().
+OpenedCheckpoint open_checkpoint(const std::string& dir, ReadStats* stats);
 
 struct PieceCopies {
   int shard = 0;
@@ -46,6 +69,10 @@ struct PieceCopies {
   // verified in full (a resize would otherwise read every shard on every
   // rank).
   bool check_in_place = false;
+  // >= 0: replicated state read once per node: the rank of the node group
+  // that reads it for every rank of the node (node_share.h).  -1: this rank
+  // reads it.
+  int reader = -1;
 };
 
 struct PlanItem {

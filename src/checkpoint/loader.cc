@@ -11,6 +11,10 @@
 #include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/load_plan.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/node_share.h"
+#include "checkpoint/problem_report.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/shard_reader.h"
 #include "checkpoint/untrusted_json.h"
@@ -39,10 +43,17 @@ int64_t classify(const Error& e) {
   }
 }
 
-bool all_ok(const std::vector<int64_t>& st) {
-  for (int64_t v : st)
-    if (v != kOk) return false;
-  return true;
+// One all-reduce (MAX) of this rank's status as flags: any[k] says that
+// some rank's status is k.
+std::vector<int64_t> agree_status(Agreement& agree, int64_t status, const char* phase) {
+  std::vector<int64_t> flags(4, 0);
+  flags[static_cast<size_t>(status)] = 1;
+  flags[0] = 0;
+  return agree.allreduce_max(std::move(flags), phase);
+}
+
+bool none_failed(const std::vector<int64_t>& any) {
+  return !any[kRejected] && !any[kDoesNotFit] && !any[kTransient];
 }
 
 // Rank 0's view of the directory: complete checkpoints, newest first, and
@@ -71,13 +82,6 @@ std::string list_candidates(const std::string& root, int64_t step,
   return out.dump();
 }
 
-std::string ranks_with(const std::vector<int64_t>& st, int64_t value) {
-  std::string s;
-  for (size_t r = 0; r < st.size(); ++r)
-    if (st[r] == value) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
-
 // The job resumes from `name`: rank 0 sets newer complete checkpoints aside
 // (retention.h) before any rank returns, so that neither a later fallback
 // nor a restart before the next save returns to the abandoned timeline.
@@ -99,15 +103,48 @@ void abandon_after(Agreement& agree, const std::string& root, const std::string&
                 "checkpoints of the abandoned timeline aside: ", error);
 }
 
-// "rank 1: '<file>': ...; rank 2: ..." for the ranks whose status is `value`.
-std::string reasons_of(const std::vector<std::string>& texts, const std::vector<int64_t>& st,
-                       int64_t value) {
-  std::string out;
-  for (size_t r = 0; r < st.size(); ++r)
-    if (st[r] == value)
-      out += (out.empty() ? "" : "; ") +
-             (texts[r].empty() ? "rank " + std::to_string(r) + " (no reason given)" : texts[r]);
+// Shard s is verified in full by the loader rank (k mod world) where s is
+// the k-th shard file (verify()).  For each shard: that rank's rank in
+// `node` if it belongs to this node, else -1.
+std::vector<int> verifiers_in_node(const OpenedCheckpoint& ckpt, ProcessGroup& comm,
+                                   ProcessGroup& node) {
+  std::map<int, int> node_rank_of;  // world rank -> node rank
+  for (int i = 0; i < node.size(); ++i) node_rank_of[node.world_rank(i)] = i;
+  std::vector<int> out(ckpt.shards.size(), -1);
+  int k = 0;
+  for (size_t s = 0; s < ckpt.shards.size(); ++s) {
+    if (ckpt.record_of[s] < 0) continue;
+    auto it = node_rank_of.find(comm.world_rank(k++ % comm.size()));
+    if (it != node_rank_of.end()) out[s] = it->second;
+  }
   return out;
+}
+
+// Verification before the agreement (no destination is touched): every
+// piece this rank will read, and the shards assigned to it round-robin, so
+// that each shard is verified in full by some rank.
+void verify(const OpenedCheckpoint& ckpt, const LoadPlan& plan, int rank, int world,
+            int node_rank, ShardFiles& files, HostBufferPool& pool) {
+  std::set<int> whole;
+  if (!ckpt.indexed) {
+    // Older manifests: whole shards, those read and those assigned.
+    whole = plan.shards_read;
+    for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world) whole.insert(s);
+    for (int s : whole) verify_shard_data(ckpt, s, files, pool);
+    return;
+  }
+  int k = 0;
+  for (int s = 0; s < static_cast<int>(ckpt.shards.size()); ++s)
+    if (ckpt.record_of[static_cast<size_t>(s)] >= 0 && k++ % world == rank) whole.insert(s);
+  for (int s : whole) verify_shard_data(ckpt, s, files, pool);
+  std::set<std::pair<int, uint64_t>> done;
+  for (const PlanItem& item : plan.items)
+    for (const PieceCopies& src : item.sources) {
+      const bool mine = src.reader < 0 ? !src.check_in_place : src.reader == node_rank;
+      if (!mine || whole.count(src.shard) || !done.insert({src.shard, src.piece->begin}).second)
+        continue;
+      verify_piece(src.shard, *src.piece, files, pool);
+    }
 }
 
 }  // namespace
@@ -163,6 +200,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
                                           HostBufferPool& pool) {
   Agreement agree(comm, timeout_s, "checkpoint load from '" + root + "'");
   const int rank = agree.rank(), world = agree.size();
+  ReadStats stats;
   StateDict stored;  // dst with per-rank tensors as rows of [world, ...]
   std::string listing =
       agree.broadcast(rank == 0 ? list_candidates(root, options.step, fresh) : std::string(),
@@ -186,44 +224,90 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
     return std::nullopt;
   }
 
+  // Replicated state is read once per node when every rank of the node
+  // holds the same replicated tensors (node_share.h).
+  std::shared_ptr<ProcessGroup> node;
+  std::unique_ptr<Agreement> node_agree;
+  if (world > 1) {
+    node = comm.node_group();
+    if (node->size() > 1) {
+      node_agree = std::make_unique<Agreement>(*node, timeout_s, "checkpoint load from '" + root + "'");
+      if (!agree_shareable(*node_agree, dst)) node_agree.reset();
+    }
+  }
+
   std::vector<std::string> reasons;
   bool touched = false;
   for (const auto& jn : list["names"]) {
     const std::string name = jn.get<std::string>();
     const std::string dir = join_path(root, name);
+    const std::string mpath = join_path(dir, kManifestName);
     for (int attempt = 1;; ++attempt) {
       int64_t status = kOk;
       std::string reason;
-      OpenedCheckpoint ckpt;
-      LoadPlan plan;
-      try {
-        fault::fault_point("load_read");
-        ckpt = open_checkpoint(dir);
-        stored = dst;  // inside the agreement: an invalid per-rank tensor raises everywhere
-        per_rank_as_stored(&stored, rank, world);
-        plan = plan_load(ckpt, stored, options, rank);
-        std::set<int> verify = plan.shards_read;
-        for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world)
-          verify.insert(s);
-        for (int s : verify) verify_shard_data(ckpt.shards[static_cast<size_t>(s)], pool);
-      } catch (const Error& e) {
-        status = classify(e);
-        reason = e.message();
-      }
-      std::vector<int64_t> st = agree.allgather({status}, "verifying a checkpoint");
-      if (all_ok(st)) {
-        // Verified everywhere: now write into the destination tensors.
-        touched = true;
+      // Rank 0 reads the manifest once; every rank verifies it.
+      std::string text;
+      if (rank == 0) {
         try {
-          execute_plan(ckpt, plan, stored, pool);
-          apply_resized(plan, dst, ckpt.manifest.world_size, world, rank);
+          text = read_file(mpath, max_header_bytes());
+          ++stats.files_opened;
+          stats.bytes_read += text.size();
         } catch (const Error& e) {
           status = classify(e);
           reason = e.message();
         }
-        st = agree.allgather({status}, "reading a checkpoint");
       }
-      if (all_ok(st)) {
+      text = agree.broadcast(text, 0, "reading the manifest");
+      OpenedCheckpoint ckpt;
+      LoadPlan plan;
+      std::unique_ptr<ShardFiles> files;
+      try {
+        fault::fault_point("load_read");
+        // Empty elsewhere: rank 0 failed to read it and reports why (an
+        // empty file fails rank 0's parse).
+        if (!text.empty() || rank == 0) {
+          ckpt = open_checkpoint(dir, parse_manifest(text, mpath), &stats);
+          stored = dst;  // inside the agreement: an invalid per-rank tensor raises everywhere
+          per_rank_as_stored(&stored, rank, world);
+          plan = plan_load(ckpt, stored, options, rank);
+          if (node_agree)
+            assign_node_reads(&plan, ckpt, stored, verifiers_in_node(ckpt, comm, *node),
+                              node_agree->size());
+          files = std::make_unique<ShardFiles>(ckpt, &stats);
+          verify(ckpt, plan, rank, world, node_agree ? node_agree->rank() : 0, *files, pool);
+        }
+      } catch (const Error& e) {
+        if (status == kOk) {
+          status = classify(e);
+          reason = e.message();
+        }
+      }
+      std::vector<int64_t> any = agree_status(agree, status, "verifying a checkpoint");
+      if (none_failed(any)) {
+        // Verified everywhere: now write into the destination tensors.
+        touched = true;
+        try {
+          execute_plan(ckpt, plan, stored, *files, pool);
+        } catch (const Error& e) {
+          status = classify(e);
+          reason = e.message();
+        }
+        if (node_agree) {
+          const std::string err = execute_node_reads(plan, stored, *node_agree, *files, pool);
+          if (!err.empty() && status == kOk) {
+            status = kTransient;
+            reason = err;
+          }
+        }
+        try {
+          if (status == kOk) apply_resized(plan, dst, ckpt.manifest.world_size, world, rank);
+        } catch (const Error& e) {
+          status = classify(e);
+          reason = e.message();
+        }
+        any = agree_status(agree, status, "reading a checkpoint");
+      }
+      if (none_failed(any)) {
         if (options.resume) abandon_after(agree, root, name);
         LoadResult r;
         r.step = ckpt.manifest.step;
@@ -231,6 +315,8 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
         r.metadata_json = ckpt.manifest.metadata.dump();
         r.saved_world_size = ckpt.manifest.world_size;
         r.skipped = plan.skipped;
+        r.files_opened = stats.files_opened;
+        r.bytes_read = stats.bytes_read;
         if (plan.unused > 0)
           TUTTI_LOG(kInfo) << "checkpoint " << name << ": " << plan.unused
                            << " stored tensors were not asked for";
@@ -238,17 +324,17 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
                          << ", written by " << r.saved_world_size << " ranks)";
         return r;
       }
-      // Every rank learns every failing rank's reason (file, offset, errno).
-      const std::vector<std::string> texts =
-          agree.allgather_text(reason, "reporting a checkpoint's problems");
-      if (!ranks_with(st, kDoesNotFit).empty())
+      // Every rank learns the failing ranks' reasons (file, offset, errno),
+      // the lowest few of each kind (problem_report.h).
+      auto problems = gather_problems(agree, status, reason, "reporting a checkpoint's problems");
+      if (any[kDoesNotFit])
         TUTTI_THROW(kMismatch, "checkpoint ", dir, " does not fit the state: ",
-                    reasons_of(texts, st, kDoesNotFit));
-      if (!ranks_with(st, kTransient).empty()) {
+                    problems[kDoesNotFit].text);
+      if (any[kTransient]) {
         // An I/O error (EIO, ESTALE, EMFILE, ...) says nothing about the
         // checkpoint: retry it, then raise; never fall back to an older one
         // (which would also abandon this one's timeline).
-        const std::string why = reasons_of(texts, st, kTransient);
+        const std::string why = problems[kTransient].text;
         if (attempt < kReadAttempts) {
           TUTTI_LOG(kWarn) << "checkpoint " << name << ": read error (attempt " << attempt
                            << " of " << kReadAttempts << "), retrying: " << why;
@@ -259,7 +345,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
                     " attempts (an I/O error is not corruption: no older checkpoint was "
                     "tried and nothing was set aside): ", why);
       }
-      const std::string why = reasons_of(texts, st, kRejected);
+      const std::string why = problems[kRejected].text;
       TUTTI_LOG(kWarn) << "checkpoint " << name << " cannot be used, trying an older one: "
                        << why;
       reasons.push_back(name + ": " + why);
@@ -274,8 +360,11 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
 
 std::string verify_checkpoint_dir(const std::string& path, HostBufferPool& pool) {
   try {
-    OpenedCheckpoint c = open_checkpoint(path);
-    for (const auto& s : c.shards) verify_shard_data(s, pool);
+    ReadStats stats;
+    OpenedCheckpoint c = open_checkpoint(path, &stats);
+    ShardFiles files(c, &stats);
+    for (int s = 0; s < static_cast<int>(c.shards.size()); ++s)
+      if (c.record_of[static_cast<size_t>(s)] >= 0) verify_shard_data(c, s, files, pool);
     return "";
   } catch (const Error& e) {
     return e.message();

@@ -16,7 +16,8 @@ namespace {
 
 using json = nlohmann::json;
 constexpr int kMaxDepth = 64;  // user metadata may nest; bounded all the same
-constexpr int64_t kVersion = 2;  // 2: manifest_xxh64 and parent
+constexpr int64_t kVersion = 3;  // 2: manifest_xxh64 and parent; 3: the index
+constexpr int64_t kPerRankVersion = 2;  // what the per-rank layout writes
 constexpr const char* kChecksumKey = "manifest_xxh64";
 
 // The checksum covers the manifest's meaning, not its bytes: XXH64 of the
@@ -46,7 +47,7 @@ std::string manifest_to_json(const Manifest& m) {
                       {"tensors", s.tensors},
                       {"data_bytes", s.data_bytes}});
   json j = {{"format", "tutti-checkpoint"},
-            {"version", kVersion},
+            {"version", m.indexed ? kVersion : kPerRankVersion},
             {"name", m.name},
             {"step", m.step},
             {"parent", m.parent},
@@ -56,6 +57,10 @@ std::string manifest_to_json(const Manifest& m) {
             {"shards", shards},
             {"components", m.components},
             {"metadata", m.metadata}};
+  if (m.indexed) {
+    j["layout"] = "once";
+    j["tensors"] = index_to_json(m.tensors);
+  }
   j[kChecksumKey] = hex64(body_xxh64(j));
   return j.dump(1) + "\n";
 }
@@ -65,9 +70,9 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   if (json_string(j, "format", path) != "tutti-checkpoint")
     TUTTI_THROW(kCorrupt, "'", path, "' is not a tutti checkpoint manifest");
   const int64_t version = json_int(j, "version", path);
-  if (version != 1 && version != kVersion)
+  if (version < 1 || version > kVersion)
     TUTTI_THROW(kCorrupt, "'", path, "': manifest version ", j["version"].dump(),
-                " is not supported (this build reads versions 1 and ", kVersion, ")");
+                " is not supported (this build reads versions 1 to ", kVersion, ")");
   if (version >= 2) {
     // Version 1 (older tutti) had no checksum; from 2 on it is mandatory, so
     // a flip that renames the key cannot switch the check off.
@@ -81,6 +86,8 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
                   " (the manifest was altered after it was written)");
   }
   Manifest m;
+  m.version = version;
+  m.indexed = version >= 3;
   m.name = json_string(j, "name", path);
   m.step = json_int(j, "step", path);
   if (j.contains("parent")) {
@@ -110,15 +117,21 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     m.components.push_back(c.get<std::string>());
   }
   const json& shards = json_field(j, "shards", path);
-  if (!shards.is_array() || shards.size() != static_cast<size_t>(m.world_size))
-    TUTTI_THROW(kCorrupt, "'", path, "': expected ", m.world_size,
-                " shards (one per rank), found ",
+  if (!shards.is_array() ||
+      (m.indexed ? shards.size() > static_cast<size_t>(m.world_size)
+                 : shards.size() != static_cast<size_t>(m.world_size)))
+    TUTTI_THROW(kCorrupt, "'", path, "': expected ", m.indexed ? "at most " : "",
+                m.world_size, " shards (one per rank), found ",
                 shards.is_array() ? std::to_string(shards.size()) : shards.type_name());
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string what = path + "' shard " + std::to_string(i);
     ShardRecord s;
     const int64_t rank = json_int(shards[i], "rank", what);
-    if (rank != static_cast<int64_t>(i))
+    // Version 3 lists the writers only, in rank order.
+    const bool in_order = m.indexed ? rank >= 0 && rank < m.world_size &&
+                                          (m.shards.empty() || rank > m.shards.back().rank)
+                                    : rank == static_cast<int64_t>(i);
+    if (!in_order)
       TUTTI_THROW(kCorrupt, "'", what, " claims rank ", rank);
     s.rank = static_cast<int>(rank);
     s.file = json_string(shards[i], "file", what);
@@ -130,6 +143,14 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     s.tensors = json_uint(shards[i], "tensors", what);
     s.data_bytes = json_uint(shards[i], "data_bytes", what);
     m.shards.push_back(s);
+  }
+  if (m.indexed) {
+    if (json_string(j, "layout", path) != "once")
+      TUTTI_THROW(kCorrupt, "'", path, "': layout ", j["layout"].dump(),
+                  " (version 3 writes \"once\")");
+    std::vector<ShardExtent> extents;
+    for (const ShardRecord& s : m.shards) extents.push_back({s.rank, s.tensors, s.data_bytes});
+    m.tensors = parse_index(json_field(j, "tensors", path), extents, path);
   }
   return m;
 }

@@ -21,15 +21,6 @@ const DType kAllDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
                             DType::kFloat64, DType::kInt8,    DType::kUInt8,
                             DType::kInt32,   DType::kInt64};
 
-bool dtype_from_safetensors(const std::string& s, DType* out) {
-  for (DType d : kAllDTypes)
-    if (s == dtype_safetensors_name(d)) {
-      *out = d;
-      return true;
-    }
-  return false;
-}
-
 uint64_t as_u64(const json& v, const std::string& what, const std::string& name,
                 const char* field) {
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
@@ -89,6 +80,15 @@ StEntry parse_entry(const std::string& name, const json& v, const std::string& w
 }
 
 }  // namespace
+
+bool dtype_from_safetensors(const std::string& s, DType* out) {
+  for (DType d : kAllDTypes)
+    if (s == dtype_safetensors_name(d)) {
+      *out = d;
+      return true;
+    }
+  return false;
+}
 
 uint64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what) {
   uint64_t n = 1;
@@ -176,8 +176,10 @@ StHeader parse_header_json(const char* text, size_t n, uint64_t header_len,
       TUTTI_THROW(kCorrupt, "'", what, "': a tensor has an empty name");
     h.entries.push_back(parse_entry(it.key(), *it, what));
   }
+  // A total order (empty tensors share offsets): the index's order too.
   std::sort(h.entries.begin(), h.entries.end(), [](const StEntry& a, const StEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    if (a.begin != b.begin) return a.begin < b.begin;
+    return a.end != b.end ? a.end < b.end : a.name < b.name;
   });
   uint64_t expect = 0;
   for (const auto& e : h.entries) {

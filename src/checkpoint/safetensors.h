@@ -36,12 +36,15 @@ struct StEntry {
 };
 
 struct StHeader {
-  std::vector<StEntry> entries;  // sorted by data offset
+  std::vector<StEntry> entries;  // sorted by (begin, end, name)
   std::map<std::string, std::string> metadata;
   uint64_t header_len = 0;       // N
   uint64_t data_bytes = 0;       // size of the data region
   uint64_t data_start() const { return 8 + header_len; }
 };
+
+// "F32" -> kFloat32, ...; false for a name tutti has no dtype for.
+bool dtype_from_safetensors(const std::string& name, DType* out);
 
 // Element count of a shape with overflow checks (kCorrupt naming `what`).
 uint64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what);

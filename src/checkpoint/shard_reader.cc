@@ -33,6 +33,8 @@ struct PooledBuffer {
   unsigned char* data() { return buf.as<unsigned char>(); }
 };
 
+}  // namespace
+
 void copy_out(const Tensor& dst, uint64_t dst_byte, const unsigned char* src, size_t n) {
   if (n == 0) return;
   char* to = static_cast<char*>(dst.data()) + dst_byte;
@@ -50,7 +52,10 @@ void copy_out(const Tensor& dst, uint64_t dst_byte, const unsigned char* src, si
 #endif
 }
 
-void read_piece(const File& f, uint64_t base, const std::vector<CopyRange>& copies,
+namespace {
+
+// `base`: the piece's first byte in shard s's data region.
+void read_piece(ShardFiles& files, int s, uint64_t base, const std::vector<CopyRange>& copies,
                 size_t es, const Tensor& dst, HostBufferPool& pool) {
   const bool host = !dst.is_cuda();
   std::unique_ptr<PooledBuffer> staging;
@@ -63,14 +68,14 @@ void read_piece(const File& f, uint64_t base, const std::vector<CopyRange>& copi
     const CopyRange& c = copies[i];
     const uint64_t bytes = c.len * es;
     if (host && bytes >= kDirect) {
-      f.pread_all(static_cast<char*>(dst.data()) + c.dst * es, bytes, base + c.src * es);
+      files.read(s, static_cast<char*>(dst.data()) + c.dst * es, bytes, base + c.src * es);
       ++i;
       continue;
     }
     if (bytes > kStaging) {  // a large run into device memory: in chunks
       for (uint64_t done = 0; done < bytes; done += kStaging) {
         const uint64_t n = std::min(kStaging, bytes - done);
-        f.pread_all(stage(), n, base + c.src * es + done);
+        files.read(s, stage(), n, base + c.src * es + done);
         copy_out(dst, c.dst * es + done, stage(), n);
       }
       ++i;
@@ -82,7 +87,7 @@ void read_piece(const File& f, uint64_t base, const std::vector<CopyRange>& copi
            (copies[j + 1].src + copies[j + 1].len - c.src) * es <= kStaging)
       ++j;
     const uint64_t span = (copies[j].src + copies[j].len - c.src) * es;
-    f.pread_all(stage(), span, base + c.src * es);
+    files.read(s, stage(), span, base + c.src * es);
     for (size_t k = i; k <= j; ++k)
       copy_out(dst, copies[k].dst * es, stage() + (copies[k].src - c.src) * es,
                copies[k].len * es);
@@ -98,8 +103,10 @@ void read_piece(const File& f, uint64_t base, const std::vector<CopyRange>& copi
 
 }  // namespace
 
-void verify_shard_data(const ShardIndex& shard, HostBufferPool& pool) {
-  File f = File::open_read(shard.path);
+void verify_shard_data(const OpenedCheckpoint& ckpt, int s, ShardFiles& files,
+                       HostBufferPool& pool) {
+  const ShardIndex& shard = ckpt.shards[static_cast<size_t>(s)];
+  files.open(s);
   const auto& ts = shard.tensors;
   uint64_t total = 0;
   for (const auto& t : ts) total = std::max(total, t.end);
@@ -120,7 +127,7 @@ void verify_shard_data(const ShardIndex& shard, HostBufferPool& pool) {
   }
   for (uint64_t pos = 0; pos < total;) {
     const uint64_t n = std::min(kChunk, total - pos);
-    f.pread_all(buf.data(), n, shard.data_start + pos);
+    files.read(s, buf.data(), n, pos);
     uint64_t used = 0;
     while (used < n && t < ts.size()) {
       const uint64_t take = std::min(n - used, ts[t].end - (pos + used));
@@ -136,23 +143,32 @@ void verify_shard_data(const ShardIndex& shard, HostBufferPool& pool) {
   }
 }
 
-void execute_plan(const OpenedCheckpoint& ckpt, const LoadPlan& plan,
-                  const StateDict& dst, HostBufferPool& pool) {
-  std::map<int, File> files;
+void verify_piece(int s, const StoredTensor& piece, ShardFiles& files, HostBufferPool& pool) {
+  const uint64_t total = piece.end - piece.begin;
+  PooledBuffer buf(pool, static_cast<size_t>(std::min(kChunk, std::max<uint64_t>(total, 1))));
+  XxhState st;
+  XXH64_reset(st.s, 0);
+  for (uint64_t pos = 0; pos < total;) {
+    const uint64_t n = std::min(kChunk, total - pos);
+    files.read(s, buf.data(), n, piece.begin + pos);
+    XXH64_update(st.s, buf.data(), static_cast<size_t>(n));
+    pos += n;
+  }
+  files.open(s);  // a piece of no bytes still checks the shard's header
+  const uint64_t h = XXH64_digest(st.s);
+  if (h != piece.xxh64) bad_checksum(files.path(s), piece.name, h, piece.xxh64);
+}
+
+void execute_plan(const OpenedCheckpoint& ckpt, const LoadPlan& plan, const StateDict& dst,
+                  ShardFiles& files, HostBufferPool& pool) {
   for (const auto& item : plan.items) {
     const Tensor& d = item.resized >= 0
                           ? plan.resized[static_cast<size_t>(item.resized)].rows
                           : dst[item.dst].tensor;
     for (const auto& src : item.sources) {
-      auto it = files.find(src.shard);
-      if (it == files.end())
-        it = files.emplace(src.shard,
-                           File::open_read(ckpt.shards[static_cast<size_t>(src.shard)].path))
-                 .first;
-      const uint64_t base =
-          ckpt.shards[static_cast<size_t>(src.shard)].data_start + src.piece->begin;
+      if (src.reader >= 0) continue;  // read once for the node (node_share.h)
       const size_t es = dtype_size(src.piece->dtype);
-      read_piece(it->second, base, src.copies, es, d, pool);
+      read_piece(files, src.shard, src.piece->begin, src.copies, es, d, pool);
       if (src.check_in_place) {
         const auto* bytes = static_cast<const unsigned char*>(d.data()) + src.copies[0].dst * es;
         const uint64_t h = XXH64(bytes, static_cast<size_t>(src.copies[0].len * es), 0);

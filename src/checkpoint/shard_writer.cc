@@ -48,7 +48,8 @@ void write_at(File& f, const unsigned char* data, uint64_t n, uint64_t offset) {
 
 ShardWriteResult write_shard(const std::string& dir, const Snapshot& snap,
                              int rank, int world_size, int64_t step, bool direct_io,
-                             unsigned file_mode) {
+                             unsigned file_mode, bool skip_empty) {
+  if (skip_empty && snap.tensors.empty()) return ShardWriteResult();
   fault::fault_point("before_shard_write");
   // Per-tensor checksums go into the header, which precedes the data: hash
   // the snapshot first (one pass over memory), then write.
@@ -72,6 +73,7 @@ ShardWriteResult write_shard(const std::string& dir, const Snapshot& snap,
                                direct_io ? kSnapshotAlign : 8);
 
   ShardWriteResult r;
+  r.written = true;
   r.header_xxh64 = XXH64(header.data(), header.size(), 0);
   r.tensors = stored.size();
   r.data_bytes = snap.total;
@@ -106,6 +108,7 @@ ShardWriteResult write_shard(const std::string& dir, const Snapshot& snap,
   }
   fsync_dir(dir);
   fault::fault_point("after_rename");
+  r.stored = std::move(stored);
   return r;
 }
 

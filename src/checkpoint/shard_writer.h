@@ -17,22 +17,28 @@
 #include <string>
 
 #include "checkpoint/file_util.h"
+#include "checkpoint/shard_index.h"
 #include "checkpoint/snapshot.h"
 
 namespace tutti {
 namespace ckpt {
 
 struct ShardWriteResult {
+  bool written = false;       // false: nothing to write, no file (kOnce)
   uint64_t bytes = 0;         // file size
   uint64_t header_xxh64 = 0;  // over the length prefix and JSON header
   uint64_t tensors = 0;
   uint64_t data_bytes = 0;
   bool direct = false;        // O_DIRECT carried the data
+  std::vector<StoredTensor> stored;  // what the header says, in file order
 };
 
+// `skip_empty`: a snapshot without tensors writes no file (the once layout;
+// the per-rank layout writes a header-only shard for every rank).
 ShardWriteResult write_shard(const std::string& dir, const Snapshot& snap,
                              int rank, int world_size, int64_t step,
-                             bool direct_io = true, unsigned file_mode = kFileMode);
+                             bool direct_io = true, unsigned file_mode = kFileMode,
+                             bool skip_empty = false);
 
 }  // namespace ckpt
 }  // namespace tutti

@@ -112,11 +112,10 @@ StateDict flatten_components(
   return out;
 }
 
-Snapshot take_snapshot(const StateDict& state, int64_t step, HostBufferPool& pool,
-                       SnapshotCopier& copier) {
-  Snapshot s;
+std::vector<Placement> describe_state(const StateDict& state, int64_t step) {
+  std::vector<Placement> out;
+  out.reserve(state.size());
   std::set<std::string> names;
-  uint64_t offset = 0;
   for (const auto& nt : state) {
     const std::string what = detail::cat("checkpoint step ", step, ": tensor '",
                                          nt.name);
@@ -128,14 +127,36 @@ Snapshot take_snapshot(const StateDict& state, int64_t step, HostBufferPool& poo
     if (nt.tensor.is_cuda() && !cuda_built())
       TUTTI_THROW(kUnsupported, what, "' is on ", nt.tensor.device().str(),
                   " but this build of tutti has no CUDA support");
+    out.push_back(make_placement(nt.tensor.shape().vec(), nt.shard,
+                                 ErrorCode::kInvalidArgument, what));
+  }
+  return out;
+}
+
+std::vector<WriteItem> write_everything(const StateDict& state,
+                                        const std::vector<Placement>& placements) {
+  std::vector<WriteItem> items(state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    items[i].src = i;
+    items[i].count = static_cast<uint64_t>(state[i].tensor.numel());
+    items[i].placement = placements[i];
+  }
+  return items;
+}
+
+Snapshot take_snapshot(const StateDict& state, const std::vector<WriteItem>& items,
+                       HostBufferPool& pool, SnapshotCopier& copier) {
+  Snapshot s;
+  uint64_t offset = 0;
+  for (const WriteItem& it : items) {
+    const NamedTensor& nt = state[it.src];
     SnapshotTensor t;
     t.name = nt.name;
     t.dtype = nt.tensor.dtype();
-    t.placement = make_placement(nt.tensor.shape().vec(), nt.shard,
-                                 ErrorCode::kInvalidArgument, what);
+    t.placement = it.placement;
     t.group = nt.shard.group;
     t.offset = offset;
-    t.bytes = nt.tensor.nbytes();
+    t.bytes = it.count * nt.tensor.element_size();
     offset += t.bytes;
     s.tensors.push_back(std::move(t));
   }
@@ -144,8 +165,15 @@ Snapshot take_snapshot(const StateDict& state, int64_t step, HostBufferPool& poo
   const auto addr = reinterpret_cast<uintptr_t>(s.buffer.data());
   s.pad = static_cast<size_t>((kSnapshotAlign - addr % kSnapshotAlign) % kSnapshotAlign);
   unsigned char* base = s.buffer.as<unsigned char>() + s.pad;
-  for (size_t i = 0; i < state.size(); ++i)
-    copier.copy(state[i].tensor, base + s.tensors[i].offset);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const WriteItem& it = items[i];
+    const Tensor& src = state[it.src].tensor;
+    const Tensor piece = it.first == 0 && it.count == static_cast<uint64_t>(src.numel())
+                             ? src
+                             : src.flatten().slice(static_cast<int64_t>(it.first),
+                                                   static_cast<int64_t>(it.first + it.count));
+    copier.copy(piece, base + s.tensors[i].offset);
+  }
   copier.finish();
   return s;
 }

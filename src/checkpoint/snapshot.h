@@ -1,12 +1,14 @@
 // The in-memory copy of a rank's state that an async save persists.
 //
-// take_snapshot() validates the state, lays the tensors out back to back in
-// one pooled host buffer in exactly the order and layout of the shard's
-// data region, and copies them: host tensors by memcpy, CUDA tensors by
-// cudaMemcpyAsync into pinned memory on a copy stream ordered after the
-// caller's stream (which in turn waits for the copies, so the caller may
-// overwrite the state without a host synchronisation).  The writer thread
-// calls SnapshotCopier::wait() before reading the buffer.
+// describe_state() validates the state; take_snapshot() lays the pieces
+// this rank writes (election.h: whole tensors, or element ranges of them)
+// out back to back in one pooled host buffer in exactly the order and
+// layout of the shard's data region, and copies them: host tensors by
+// memcpy, CUDA tensors by cudaMemcpyAsync into pinned memory on a copy
+// stream ordered after the caller's stream (which in turn waits for the
+// copies, so the caller may overwrite the state without a host
+// synchronisation).  The writer thread calls SnapshotCopier::wait() before
+// reading the buffer.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/election.h"
 #include "checkpoint/shard_geometry.h"
 #include "core/host_buffer.h"
 #include "tutti/state.h"
@@ -66,9 +69,17 @@ class SnapshotCopier {
 // Flattens components into one StateDict ("<component>/<name>").
 StateDict flatten_components(const std::vector<std::pair<std::string, Stateful*>>& components);
 
-// Validates and copies `state`.  Errors name the step and the tensor.
-Snapshot take_snapshot(const StateDict& state, int64_t step, HostBufferPool& pool,
-                       SnapshotCopier& copier);
+// Validates `state` (unique, valid names; memory; consistent ShardInfo; a
+// CUDA build for CUDA tensors) and returns each tensor's placement.  Errors
+// are kInvalidArgument (kUnsupported for CUDA without CUDA) naming the step
+// and the tensor.
+std::vector<Placement> describe_state(const StateDict& state, int64_t step);
+
+// Copies the `items` of `state` (every tensor whole: write_everything()).
+Snapshot take_snapshot(const StateDict& state, const std::vector<WriteItem>& items,
+                       HostBufferPool& pool, SnapshotCopier& copier);
+std::vector<WriteItem> write_everything(const StateDict& state,
+                                        const std::vector<Placement>& placements);
 
 }  // namespace ckpt
 }  // namespace tutti

@@ -2,15 +2,18 @@
 // (under mpiexec, killed with real signals, on real files).
 //
 //   ckpt_probe save --dir D --from A --to B [--keep K] [--sizes 0,1,7]
-//                   [--no-bf16] [--sync] [--sleep-ms N]
-//       saves steps A..B; each rank's Blob holds seed(step, rank); prints
+//                   [--no-bf16] [--sync] [--sleep-ms N] [--replicated]
+//       saves steps A..B; each rank's Blob holds seed(step, rank) (with
+//       --replicated: seed(step, 0) on every rank, so the once layout
+//       writes each tensor once, spread over the ranks); prints
 //       "COMMITTED <step>" once each save is committed (wait() returned),
 //       "SAVE-FAILED <step> <code>: <message>" and exits 3 on an error.
-//   ckpt_probe check --dir D [--sizes ...] [--no-bf16]
+//   ckpt_probe check --dir D [--sizes ...] [--no-bf16] [--replicated]
 //       loads the newest checkpoint, checks every element against
-//       seed(step, rank), then writes the expected state afresh and compares
-//       the shard files byte for byte; prints "LOADED <step>" or "NONE";
-//       exits 1 on any difference.
+//       seed(step, rank) (seed(step, 0)), then writes the expected state
+//       afresh and compares the shard files byte for byte (a rank that
+//       wrote none must have none in both); prints "LOADED <step>" or
+//       "NONE"; exits 1 on any difference.
 //   ckpt_probe inspect FILE
 //       parses any safetensors file with tutti's parser and prints one JSON
 //       line per tensor (name, dtype, shape, offsets, xxh64 of its bytes).
@@ -40,7 +43,7 @@ struct Args {
   std::string cmd, dir, file;
   int64_t from = 1, to = 1;
   int keep = 2;
-  bool sync = false, no_bf16 = false;
+  bool sync = false, no_bf16 = false, replicated = false;
   int sleep_ms = 0;
   std::vector<int64_t> sizes = {0, 1, 7, 1000};
 };
@@ -57,6 +60,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--keep") a.keep = std::stoi(next());
     else if (k == "--sync") a.sync = true;
     else if (k == "--no-bf16") a.no_bf16 = true;
+    else if (k == "--replicated") a.replicated = true;
     else if (k == "--sleep-ms") a.sleep_ms = std::stoi(next());
     else if (k == "--sizes") {
       a.sizes.clear();
@@ -73,6 +77,8 @@ Args parse(int argc, char** argv) {
 }
 
 uint64_t seed(int64_t step, int rank) { return static_cast<uint64_t>(step) * 100 + rank; }
+// The seed rank `rank` fills its Blob with.
+uint64_t seed(const Args& a, int64_t step, int rank) { return seed(step, a.replicated ? 0 : rank); }
 
 // The Blob minus its bfloat16 tensors (numpy cannot hold bfloat16).
 struct ProbeState : Stateful {
@@ -103,7 +109,7 @@ int do_save(const Args& a) {
   std::fflush(stdout);
   for (int64_t s = a.from; s <= a.to; ++s) {
     try {
-      st.blob.fill(seed(s, w->rank()));
+      st.blob.fill(seed(a, s, w->rank()));
       m.save(s, {{"blob", &st}}, "{\"step\": " + std::to_string(s) + "}");
       m.wait();
     } catch (const Error& e) {
@@ -132,7 +138,7 @@ int do_check(const Args& a) {
   if (!r) {
     if (w->rank() == 0) std::printf("NONE\n");
   } else {
-    const auto ok = st.blob.holds(seed(r->step, w->rank()));
+    const auto ok = st.blob.holds(seed(a, r->step, w->rank()));
     if (!ok) {
       std::printf("MIXED rank %d step %lld: %s\n", w->rank(),
                   static_cast<long long>(r->step), ok.message());
@@ -154,14 +160,17 @@ int do_check(const Args& a) {
     }
     char shard[64];
     std::snprintf(shard, sizeof(shard), "rank-%05d.safetensors", w->rank());
-    const std::string x = test::read_text(a.dir + "/" + r->name + "/" + shard);
-    const std::string y =
-        test::read_text(fresh_dir + "/step-" + [&] {
-          char b[32];
-          std::snprintf(b, sizeof(b), "%08lld", static_cast<long long>(r->step));
-          return std::string(b);
-        }() + "/" + shard);
-    if (x != y || x.empty()) {
+    const std::string xp = a.dir + "/" + r->name + "/" + shard;
+    const std::string yp = fresh_dir + "/step-" + [&] {
+      char b[32];
+      std::snprintf(b, sizeof(b), "%08lld", static_cast<long long>(r->step));
+      return std::string(b);
+    }() + "/" + shard;
+    const std::string x = test::read_text(xp);
+    const std::string y = test::read_text(yp);
+    // Rank-distinct data: every rank writes its own copy, so its shard exists.
+    const bool expect_shard = !a.replicated;
+    if (x != y || test::exists(xp) != test::exists(yp) || (expect_shard && x.empty())) {
       std::printf("NOT-IDENTICAL rank %d step %lld (%zu vs %zu bytes)\n", w->rank(),
                   static_cast<long long>(r->step), x.size(), y.size());
       bad = 1;

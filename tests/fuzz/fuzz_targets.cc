@@ -2,9 +2,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/manifest_index.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard_geometry.h"
 #include "checkpoint/shard_index.h"
@@ -67,11 +69,37 @@ int manifest_one(const uint8_t* data, size_t size) {
   try {
     const ckpt::Manifest m =
         ckpt::parse_manifest(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
-    if (m.shards.size() != static_cast<size_t>(m.world_size)) broken("shard count");
-    for (size_t i = 0; i < m.shards.size(); ++i)
-      if (m.shards[i].rank != static_cast<int>(i) ||
-          m.shards[i].file.find('/') != std::string::npos)
+    if (!m.indexed) {  // versions 1 and 2: one shard per rank, in rank order
+      if (m.shards.size() != static_cast<size_t>(m.world_size)) broken("shard count");
+      for (size_t i = 0; i < m.shards.size(); ++i)
+        if (m.shards[i].rank != static_cast<int>(i) ||
+            m.shards[i].file.find('/') != std::string::npos)
+          broken("shard record");
+      return 1;
+    }
+    // Version 3: the writers only, in rank order, and an index whose pieces
+    // lie in listed shards, inside their data, and cover every tensor.
+    if (m.shards.size() > static_cast<size_t>(m.world_size)) broken("shard count");
+    std::map<int, uint64_t> data;
+    for (size_t i = 0; i < m.shards.size(); ++i) {
+      const ckpt::ShardRecord& s = m.shards[i];
+      if (s.rank < 0 || s.rank >= m.world_size || (i > 0 && s.rank <= m.shards[i - 1].rank) ||
+          s.file.find('/') != std::string::npos)
         broken("shard record");
+      data[s.rank] = s.data_bytes;
+    }
+    for (const auto& kv : m.tensors) {
+      for (const ckpt::IndexPiece& p : kv.second.pieces) {
+        auto it = data.find(p.shard);
+        if (it == data.end() || p.begin > p.end || p.end > it->second)
+          broken("index piece outside the listed shards' data");
+        if (ckpt::checked_numel(p.placement.local_shape, "fuzz") * dtype_size(kv.second.dtype) !=
+            p.end - p.begin)
+          broken("index piece: dtype x shape != bytes");
+      }
+      uint64_t gap = 0;
+      if (ckpt::uncovered_elements(kv.second, &gap) != 0) broken("index leaves a tensor uncovered");
+    }
     return 1;
   } catch (const Error& e) {
     expect_corrupt(e);
