@@ -30,7 +30,7 @@ struct Head {
   int32_t lo, hi;      // gathers and replies: the span
   uint32_t nruns;
   uint32_t nentries;
-  uint32_t max_age_ms;  // asks: how old a kept aggregate may be
+  uint32_t max_age_ms;  // asks, gathers of the whole tree: how old a kept aggregate may be
   uint32_t reserved;
 };
 static_assert(sizeof(Head) == 48, "status tree message head: 2 x uint64 + 8 x 32 bits");
@@ -246,7 +246,8 @@ bool StatusProtocol::poll() {
       fb.members = a->second.members;
       fb.span = whole(fb.members);
       fb.end = a->second.end;
-      request(fb, key, fb.span, scaled(a->second.end - now, 0.7));
+      // An aggregate the root gathered since this ask began will do.
+      request(fb, key, fb.span, scaled(a->second.end - now, 0.7), now - a->second.started);
     }
   }
   for (auto it = cache_.begin(); it != cache_.end();)
@@ -296,7 +297,7 @@ void StatusProtocol::handle(int from, const std::vector<uint8_t>& bytes) {
       on_ask(key, members, budget, std::chrono::milliseconds(h.max_age_ms), from, nullptr);
       break;
     case kGather:
-      on_gather(key, members, {h.lo, h.hi}, budget, from);
+      on_gather(key, members, {h.lo, h.hi}, budget, std::chrono::milliseconds(h.max_age_ms), from);
       break;
     case kReply: {
       tree::Aggregate agg;
@@ -354,9 +355,12 @@ void StatusProtocol::on_ask(const Key& key, const std::vector<int>& members,
   if (from >= 0) a.requesters.push_back(from);
   if (!fresh) return;
   a.members = members;
+  a.started = now;
   a.end = now + budget;
+  // The root's gather takes at most 60% of the time; the answer then goes
+  // down the asks' path (a hop per level).
   if (idx == 0) {  // the root: one gather of the whole tree
-    if (own_.find(key) == own_.end()) start_gather(key, members, scaled(budget, 0.5));
+    if (own_.find(key) == own_.end()) start_gather(key, members, scaled(budget, 0.6));
     settle(key);
     return;
   }
@@ -367,11 +371,13 @@ void StatusProtocol::on_ask(const Key& key, const std::vector<int>& members,
   h.max_age_ms = to_ms(max_age);
   std::memcpy(m.data(), &h, sizeof(h));
   send(members[static_cast<size_t>(w.parent.lo)], std::move(m), kAsk);
-  a.up_deadline = now + scaled(budget, 0.6);
+  // The root's answer is due by 60% of this rank's time: past 70% the
+  // parent is taken to be gone (dead or stopped) and the root is asked.
+  a.up_deadline = now + scaled(budget, 0.7);
 }
 
 void StatusProtocol::on_gather(const Key& key, const std::vector<int>& members, Span span,
-                               Clock::duration budget, int from) {
+                               Clock::duration budget, Clock::duration max_age, int from) {
   const int idx = index_of(members);
   const Span mine = tree::locate(static_cast<int>(members.size()), idx, fanout_).self;
   if (!(span == mine)) {
@@ -383,7 +389,7 @@ void StatusProtocol::on_gather(const Key& key, const std::vector<int>& members, 
   }
   if (span == whole(members)) {
     auto c = cache_.find(key);
-    if (c != cache_.end() && Clock::now() - c->second.at <= kFresh) {
+    if (c != cache_.end() && Clock::now() - c->second.at <= std::max<Clock::duration>(kFresh, max_age)) {
       std::vector<uint8_t> m = message(kReply, key, span, {}, nullptr);
       c->second.agg.serialize(m);
       send(from, std::move(m), kReply);
@@ -404,16 +410,25 @@ StatusProtocol::Gather& StatusProtocol::start_gather(const Key& key,
   g.span = tree::locate(static_cast<int>(members.size()), index_of(members), fanout_).self;
   g.end = Clock::now() + budget;
   g.agg.add(me_, hooks_.answer(key.first));
-  const int h = tree::height(g.span, fanout_);
-  for (const Span& c : tree::children(g.span, fanout_))
-    request(g, key, c, scaled(budget, static_cast<double>(h) / (h + 1)));
+  // A leaf is waited for 90% of the time; a child with h levels below it
+  // for (h + 1) / (h + 2) of it, leaving the rest for asking its children
+  // directly if it stays silent (expire()).
+  for (const Span& c : tree::children(g.span, fanout_)) {
+    const int h = tree::height(c, fanout_);
+    request(g, key, c, scaled(budget, h == 0 ? 0.9 : (h + 1.0) / (h + 2.0)));
+  }
   return g;
 }
 
-void StatusProtocol::request(Gather& g, const Key& key, Span span, Clock::duration budget) {
+void StatusProtocol::request(Gather& g, const Key& key, Span span, Clock::duration budget,
+                             Clock::duration max_age) {
   // The node gets 90% of the time it is waited for, to reply in.
-  send(g.members[static_cast<size_t>(span.lo)],
-       message(kGather, key, span, scaled(budget, 0.9), &g.members), kGather);
+  std::vector<uint8_t> m = message(kGather, key, span, scaled(budget, 0.9), &g.members);
+  Head h;
+  std::memcpy(&h, m.data(), sizeof(h));
+  h.max_age_ms = to_ms(max_age);
+  std::memcpy(m.data(), &h, sizeof(h));
+  send(g.members[static_cast<size_t>(span.lo)], std::move(m), kGather);
   g.waits.push_back({span, Clock::now() + budget});
 }
 

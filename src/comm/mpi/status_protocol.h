@@ -22,8 +22,9 @@
 // fanout replies down: 2 x fanout + 2 messages sent whatever W, and none
 // at all while no op stalls.
 //
-// Silence.  A child that has not replied by its deadline (the budget
-// shrinks with the height of its subtree) is reported as "did not answer",
+// Silence.  A child that has not replied by its deadline (a leaf: 90% of
+// the gather's time; a child with h levels below it: (h + 1) / (h + 2) of
+// it, the rest for its children) is reported as "did not answer",
 // and its children are asked directly while time is left (adopted), so a
 // dead or stopped member costs its subtree one level of delay, not its
 // answers.  A rank whose parent sends nothing back in time asks the root
@@ -134,7 +135,7 @@ class StatusProtocol {
     std::vector<int> members;
     std::vector<int> requesters;  // children that sent kAsk
     std::vector<std::shared_ptr<Local>> locals;
-    Clock::time_point up_deadline, end;
+    Clock::time_point started, up_deadline, end;
     bool fallback = false;
   };
   struct Cached {
@@ -147,14 +148,16 @@ class StatusProtocol {
   void on_ask(const Key& key, const std::vector<int>& members, Clock::duration budget,
               Clock::duration max_age, int from, const std::shared_ptr<Local>& local);
   void on_gather(const Key& key, const std::vector<int>& members, tree::Span span,
-                 Clock::duration budget, int from);
+                 Clock::duration budget, Clock::duration max_age, int from);
   void on_reply(const Key& key, tree::Span span, const tree::Aggregate& agg);
   void on_notice(int from, uint64_t comm, const std::vector<int>& members,
                  const std::vector<std::pair<int, std::pair<uint64_t, bool>>>& entries);
   // Starts this node's gather of its own span.
   Gather& start_gather(const Key& key, const std::vector<int>& members, Clock::duration budget);
-  // Sends kGather for `span` to its node and waits for it until `due`.
-  void request(Gather& g, const Key& key, tree::Span span, Clock::duration budget);
+  // Sends kGather for `span` to its node and waits for its reply for
+  // `budget`; `max_age`: a kept aggregate of the whole tree this old will do.
+  void request(Gather& g, const Key& key, tree::Span span, Clock::duration budget,
+               Clock::duration max_age = Clock::duration::zero());
   void expire(Gather& g, const Key& key, Clock::time_point now);
   // Completes finished gathers of `key`; true when `key`'s ask was served.
   void settle(const Key& key);
