@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <sstream>
 
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/rank_list.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
 
@@ -15,7 +15,7 @@ namespace mpi {
 namespace {
 
 constexpr int kQueryTag = 1;
-constexpr int kDepartTag = 2;  // departure notices (StatusService::depart)
+constexpr int kTreeTag = 3;  // the status tree (status_protocol.h)
 constexpr int kFirstReplyTag = 100;
 constexpr int kReplyTagSpan = 30000;
 // Contexts of the (logged, never thrown) MPI failures below.
@@ -34,6 +34,19 @@ void StatusService::start(MPI_Comm world) {
   TUTTI_MPI_CHECK(MPI_Comm_dup(world, &comm_), "starting the status service");
   TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN),
                   "starting the status service");
+  StatusProtocol::Hooks hooks;
+  hooks.answer = [this](uint64_t id) { return answer(id); };
+  hooks.departed = [this](uint64_t id, int origin, uint64_t last, bool shutdown) {
+    return record_departure(id, origin, last, shutdown);
+  };
+  // Aggregates are kept for about a stall period: one gather serves every
+  // waiting rank's warning of that period.
+  const double period = config::get_double("TUTTI_STALL_WARN_S");
+  tree_.reset(new StatusProtocol(
+      comm_, kTreeTag, static_cast<int>(config::get_int("TUTTI_STATUS_FANOUT")),
+      std::chrono::duration_cast<StatusProtocol::Clock::duration>(
+          std::chrono::duration<double>(period > 0 ? period : 0)),
+      std::move(hooks)));
   stop_ = false;
   running_ = true;
   thread_ = std::thread([this] { respond_loop(); });
@@ -45,15 +58,9 @@ void StatusService::stop() {
   if (thread_.joinable()) thread_.join();
   // Notices are a few bytes, sent eagerly: give them a moment to leave,
   // then free what is left (MPI still delivers a freed send).
-  for (int i = 0; i < 100; ++i) {
-    reap_notices(false);
-    {
-      std::lock_guard<std::mutex> lock(depart_mu_);
-      if (outbox_.empty()) break;
-    }
+  for (int i = 0; i < 100 && tree_ && !tree_->reap(false); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  reap_notices(true);
+  if (tree_) tree_->reap(true);
   if (comm_ != MPI_COMM_NULL && is_initialized())
     TUTTI_MPI_WARN(MPI_Comm_free(&comm_), "stopping the status service");
   comm_ = MPI_COMM_NULL;
@@ -73,37 +80,60 @@ void StatusService::remove(uint64_t id) {
 void StatusService::depart(uint64_t comm_id, const std::vector<int>& world_ranks,
                            uint64_t last_entered) {
   if (!running_ || world_ranks.empty()) return;
-  std::lock_guard<std::mutex> lock(depart_mu_);
-  for (int peer : world_ranks) {
-    std::unique_ptr<Notice> n(new Notice{comm_id, last_entered,
-                                         shutting_down_.load() ? 1u : 0u, 0});
-    MPI_Request req = MPI_REQUEST_NULL;
-    // Peers then wait for this rank until TUTTI_TIMEOUT, as before.
-    if (TUTTI_MPI_WARN(MPI_Isend(n.get(), 4, MPI_UINT64_T, peer, kDepartTag, comm_, &req),
-                       "departure notice to world rank ", peer))
-      outbox_.emplace_back(req, std::move(n));
-  }
+  int self = -1;
+  MPI_Comm_rank(comm_, &self);
+  std::vector<int> members = world_ranks;
+  members.push_back(self);
+  std::sort(members.begin(), members.end());
+  // Peers then wait for this rank until TUTTI_TIMEOUT, as before.
+  tree_->depart(comm_id, members, last_entered, shutting_down_.load());
 }
 
-void StatusService::reap_notices(bool give_up) {
-  std::lock_guard<std::mutex> lock(depart_mu_);
-  for (size_t i = 0; i < outbox_.size();) {
-    int done = 0;
-    // A failed send (a peer already gone) is dropped quietly: notices are
-    // a courtesy, the peer's own timeout still bounds its wait.
-    if (MPI_Test(&outbox_[i].first, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
-    if (!done && give_up) {
-      if (outbox_[i].first != MPI_REQUEST_NULL) MPI_Request_free(&outbox_[i].first);
-      (void)outbox_[i].second.release();  // MPI may still read it
-      done = 1;
-    }
-    if (done) {
-      outbox_[i] = std::move(outbox_.back());
-      outbox_.pop_back();
-    } else {
-      ++i;
-    }
+bool StatusService::record_departure(uint64_t comm_id, int origin, uint64_t last_entered,
+                                     bool shutdown) {
+  {
+    std::lock_guard<std::mutex> lock(depart_mu_);
+    auto& list = departed_[comm_id];
+    for (const Departure& d : list)
+      if (d.world_rank == origin) return false;  // known already
+    Departure d;
+    d.world_rank = origin;
+    d.last_entered = last_entered;
+    d.shutdown = shutdown;
+    list.push_back(d);
   }
+  departures_.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+tree::Answer StatusService::answer(uint64_t comm_id) {
+  tree::Answer a;
+  a.answered = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = comms_.find(comm_id);
+  if (it == comms_.end()) return a;
+  a.member = true;
+  a.entered = it->second->entered.load();
+  a.finished = it->second->completed.load() >= a.entered;
+  a.kind = it->second->kind.load();
+  return a;
+}
+
+bool StatusService::report(uint64_t comm_id, const std::vector<int>& peers, uint64_t seq,
+                           double grace_seconds, double max_age_seconds, tree::Aggregate* out) {
+  if (!running_ || !thread_.joinable()) return false;
+  int self = -1;
+  MPI_Comm_rank(comm_, &self);
+  std::vector<int> members = peers;
+  members.push_back(self);
+  std::sort(members.begin(), members.end());
+  return tree_->ask(comm_id, seq, members, grace_seconds, max_age_seconds, out);
+}
+
+TreeCounts StatusService::tree_counts() const { return tree_ ? tree_->counts() : TreeCounts(); }
+
+void StatusService::reset_tree_counts() {
+  if (tree_) tree_->reset_counts();
 }
 
 std::vector<Departure> StatusService::departed(uint64_t comm_id) {
@@ -123,38 +153,11 @@ void StatusService::respond_loop() {
                                 kQueryTag, comm_, &req),
                       kResponder))
     return;
-  // Departure notices (depart()): recorded, then the next one is awaited.
-  uint64_t notice[4] = {0, 0, 0, 0};
-  MPI_Request dreq = MPI_REQUEST_NULL;
-  if (!TUTTI_MPI_WARN(MPI_Irecv(notice, 4, MPI_UINT64_T, MPI_ANY_SOURCE, kDepartTag,
-                                comm_, &dreq),
-                      kResponder))
-    dreq = MPI_REQUEST_NULL;
   while (!stop_) {
+    // The status tree: reports and departure notices.
+    const bool busy = tree_->poll();
     int flag = 0;
     MPI_Status st;
-    if (dreq != MPI_REQUEST_NULL) {
-      if (!TUTTI_MPI_WARN(MPI_Test(&dreq, &flag, &st), kResponder)) {
-        dreq = MPI_REQUEST_NULL;  // no more notices: peers fall back to timeouts
-      } else if (flag) {
-        Departure d;
-        d.world_rank = st.MPI_SOURCE;
-        d.last_entered = notice[1];
-        d.shutdown = notice[2] != 0;
-        {
-          std::lock_guard<std::mutex> lock(depart_mu_);
-          departed_[notice[0]].push_back(d);
-        }
-        departures_.fetch_add(1, std::memory_order_release);
-        if (!TUTTI_MPI_WARN(MPI_Irecv(notice, 4, MPI_UINT64_T, MPI_ANY_SOURCE,
-                                      kDepartTag, comm_, &dreq),
-                            kResponder))
-          dreq = MPI_REQUEST_NULL;
-        continue;
-      }
-    }
-    reap_notices(false);
-    flag = 0;
     if (!TUTTI_MPI_WARN(MPI_Test(&req, &flag, &st), kResponder)) break;
     if (flag) {
       std::unique_ptr<uint64_t[]> reply(new uint64_t[4]{0, 0, 0, 0});
@@ -194,16 +197,15 @@ void StatusService::respond_loop() {
         ++i;
       }
     }
-    // Answers are needed only when a peer's wait expired (it waits up to
-    // TUTTI_STATUS_GRACE_MS, 2 s), and a departure ends a peer's wait within
-    // this period: 20 ms is prompt enough, and each poll is a pass of MPI's
-    // progress engine (at 5 ms: ~1.5% of a core).
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Quiet: a pass every 20 ms (each is a pass of MPI's progress engine;
+    // at 5 ms: ~1.5% of a core), and at once when this process asks for a
+    // report.  A report in progress: every millisecond, so that a message
+    // crosses a tree level in about that (departure notices and answers to
+    // other ranks' reports wait up to 20 ms).
+    tree_->idle(busy ? 1 : 20);
   }
   if (req != MPI_REQUEST_NULL && TUTTI_MPI_WARN(MPI_Cancel(&req), kResponder))
     TUTTI_MPI_WARN(MPI_Wait(&req, MPI_STATUS_IGNORE), kResponder);
-  if (dreq != MPI_REQUEST_NULL && TUTTI_MPI_WARN(MPI_Cancel(&dreq), kResponder))
-    TUTTI_MPI_WARN(MPI_Wait(&dreq, MPI_STATUS_IGNORE), kResponder);
   for (auto& s : sends)  // small; eager-sent
     if (s.first != MPI_REQUEST_NULL)
       TUTTI_MPI_WARN(MPI_Request_free(&s.first), kResponder);
@@ -289,109 +291,24 @@ std::vector<PeerStatus> StatusService::query(uint64_t comm_id,
   return out;
 }
 
-namespace {
-
-// CommProgress::kind: a CollectiveKind or one of the split kinds.
-const char* kind_name(uint8_t kind) {
-  if (kind == comm::kSplitKind) return "split";
-  if (kind == comm::kSplitSharedKind) return "node split";
-  if (kind == comm::kJoinKind) return "join";
-  return collective_kind_name(static_cast<CollectiveKind>(kind));
-}
-
-// " (last entered #4 barrier, finished it)" for a peer that did not reach
-// the op.
-std::string where_is(const PeerStatus& p) {
-  std::ostringstream os;
-  if (!p.member)
-    os << " (has no such communicator)";
-  else if (p.entered == 0)
-    os << " (has not started any operation)";
-  else
-    os << " (last entered #" << p.entered << " "
-       << kind_name(p.kind) << (p.completed >= p.entered ? ", finished it" : ", still in it") << ")";
-  return os.str();
-}
-
-}  // namespace
-
-std::string describe_stall(const std::vector<PeerStatus>& peers, uint64_t seq,
-                           int self) {
-  std::vector<int> arrived{self};
-  std::ostringstream missing;
-  int n_missing = 0;
-  for (const auto& p : peers) {
-    if (p.answered && p.member && p.entered >= seq) {
-      arrived.push_back(p.world_rank);
-      continue;
-    }
-    missing << (n_missing++ ? "; " : "") << "rank " << p.world_rank
-            << (p.answered ? where_is(p)
-                           : " (did not answer: dead, or stuck outside tutti)");
-  }
-  std::sort(arrived.begin(), arrived.end());
-  std::ostringstream os;
-  os << "arrived: " << (arrived.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < arrived.size(); ++i) os << (i ? ", " : "") << arrived[i];
-  if (n_missing)
-    os << "; missing: " << missing.str();
-  else
-    os << "; missing: none (every rank entered this op: the transport has "
-          "not completed it yet)";
-  return os.str();
-}
-
 std::string peer_report(uint64_t comm_id, const std::vector<int>& peers,
                         uint64_t seq, int self, bool stall, bool world_group) {
   if (!StatusService::instance().running())
     return "peers could not be asked (the status service is stopped)";
-  const auto st = StatusService::instance().query(
-      comm_id, peers,
-      static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0);
-  return (stall ? describe_stall(st, seq, self) : describe_stragglers(st, seq)) +
-         (world_group ? "" : " [world ranks]");
-}
-
-std::string describe_stragglers(const std::vector<PeerStatus>& peers,
-                                uint64_t seq) {
-  std::ostringstream never, ahead, silent, arrived;
-  int n_never = 0, n_ahead = 0, n_silent = 0, n_arrived = 0;
-  for (const auto& p : peers) {
-    if (!p.answered) {
-      silent << (n_silent++ ? ", " : "") << p.world_rank;
-    } else if (!p.member || p.entered < seq) {
-      never << (n_never++ ? "; " : "") << "rank " << p.world_rank
-            << where_is(p);
-    } else if (p.entered > seq) {
-      ahead << (n_ahead++ ? "; " : "") << "rank " << p.world_rank << " (at #"
-            << p.entered << ")";
-    } else {
-      arrived << (n_arrived++ ? ", " : "") << p.world_rank;
-    }
+  const int max_ranks = comm::report_max_ranks();
+  const std::string where = world_group ? "" : " [world ranks]";
+  if (peers.empty())
+    return (stall ? describe_stall({}, seq, self) : describe_stragglers({}, seq)) + where;
+  const double grace = static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")) / 1000.0;
+  // A stall warning repeats every period: an aggregate gathered for another
+  // waiting rank's warning of the same period will do.
+  const double max_age = stall ? 0.9 * config::get_double("TUTTI_STALL_WARN_S") : 0;
+  tree::Aggregate all;
+  if (!StatusService::instance().report(comm_id, peers, seq, grace, max_age, &all)) {
+    all = tree::Aggregate();  // nobody answered
+    all.add_silent(peers);
   }
-  std::ostringstream os;
-  bool any = false;
-  if (n_never) {
-    os << "never arrived: " << never.str();
-    any = true;
-  }
-  if (n_silent) {
-    os << (any ? "; " : "") << "did not answer (dead, or stuck outside tutti): "
-       << (n_silent == 1 ? "rank " : "ranks ") << silent.str();
-    any = true;
-  }
-  if (n_ahead) {
-    os << (any ? "; " : "") << "ahead of this op (ranks issued different "
-       << "numbers of operations): " << ahead.str();
-    any = true;
-  }
-  if (n_arrived)
-    os << (any ? "; " : "") << "also arrived: "
-       << (n_arrived == 1 ? "rank " : "ranks ") << arrived.str();
-  if (!any && n_arrived)
-    os << " (every rank entered this op: the transport did not complete it)";
-  if (peers.empty()) os << "no peers to ask";
-  return os.str();
+  return describe_report(all, seq, self, peers, stall, max_ranks) + where;
 }
 
 }  // namespace mpi
