@@ -48,6 +48,11 @@ const std::vector<SettingInfo> kSettings = {
      "off (the hooks then cost one atomic load)."},
     {"TUTTI_STATUS_GRACE_MS", "int", "2000",
      "After a timeout, how long to wait for peers to report where they are."},
+    {"TUTTI_STATUS_FANOUT", "int", "8",
+     "Children per member in the status tree that gathers stall and "
+     "timeout reports and spreads departure notices (a report costs each "
+     "process at most 2 x fanout + 2 messages, depth log_fanout(ranks)). "
+     "Must agree across ranks."},
     {"TUTTI_REPORT_MAX_RANKS", "int", "8",
      "Reports and errors list at most this many ranks one by one; longer "
      "lists become ranges of consecutive ranks ('ranks 0-511, 513-1023'), "
@@ -79,6 +84,20 @@ const std::vector<SettingInfo> kSettings = {
      "2000 when more ranks run on the machine than it has cores (mpirun "
      "--oversubscribe), where a sleeping waiter wakes late behind its busy "
      "peers."},
+    {"TUTTI_MPI_FOLD_BYTES", "int", "16384",
+     "Host collectives whose data is at most this many bytes (all-reduce, "
+     "reduce-scatter, broadcast, all-gather(v); an all-reduce also when it has "
+     "fewer elements than ranks) travel inside the agreement check's "
+     "recursive-doubling exchange: ceil(log2 W) rounds for check and data "
+     "together. Larger ones run the check, then MPI's collective. Must be the "
+     "same on every rank (a difference is reported as a mismatch). 0: only "
+     "barriers and empty ops fold."},
+    {"TUTTI_MPI_LARGE_ALGORITHM", "string", "auto",
+     "Open MPI's algorithm for host all-reduces above TUTTI_MPI_FOLD_BYTES "
+     "(coll_libnbc_iallreduce_algorithm, set before MPI_Init when tutti "
+     "initialises MPI and the variable is unset): ring (2(W-1) rounds, best "
+     "at few ranks), rabenseifner (2 log2(W) rounds, the same bytes), auto "
+     "(ring up to 8 ranks, else rabenseifner) or mpi (libnbc's own rule)."},
     {"TUTTI_EXIT_ON_COMM_FAILURE", "bool", "0",
      "When a communicator breaks because a peer or the network failed (a "
      "timeout, an NCCL asynchronous error), log the error and end the "
@@ -166,6 +185,23 @@ const std::vector<SettingInfo> kSettings = {
      "abandoned checkpoints in the directory, or a tutti-run restart in a "
      "directory no job used before), allow (always start fresh) or refuse "
      "(an error: the job must resume)."},
+    {"TUTTI_CKPT_LAYOUT", "string", "once",
+     "Who writes what in a checkpoint save: once (replicated tensors written "
+     "once across the job, cut into chunks spread over the ranks; sharded "
+     "pieces by one holder; manifest version 3) or per-rank (every rank "
+     "writes every tensor it holds: manifest version 2, what older tutti "
+     "reads). Must agree across ranks."},
+    {"TUTTI_CKPT_CHUNK_MB", "int", "16",
+     "Once layout: the smallest chunk (MiB) of replicated state a rank "
+     "writes; replicated state of T MiB is spread over min(ranks, T / "
+     "chunk) writers (all of it on rank 0 below one chunk). Must agree "
+     "across ranks."},
+    {"TUTTI_CKPT_VERIFY_REPLICAS", "string", "sample",
+     "Once layout: how a save checks that replicated tensors are identical "
+     "on every rank before writing one copy (a tensor that differs is "
+     "written by every rank): sample (host tensors hashed whole, CUDA "
+     "tensors by their element count and 16 blocks of 64 bytes) or full "
+     "(CUDA tensors copied to host and hashed whole)."},
     {"TUTTI_MPIRUN", "string", "mpirun",
      "Read by tutti-run only: the MPI launcher it runs (--mpirun overrides)."},
     {"TUTTI_RESTART_COUNT", "int", "0",
