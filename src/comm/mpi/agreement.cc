@@ -10,49 +10,42 @@
 namespace tutti {
 namespace mpi {
 
-// The frame's combine: MAX on the header, the fold's op on the payload.
-class AgreementCheck::Ops : public FrameOps {
- public:
-  explicit Ops(const comm::FoldPlan* fold) {
-    if (fold) {
-      combine_ = fold->combine;
-      dtype_ = fold->dtype;
-      op_ = fold->op;
-    }
+AgreementCheck::Ops::Ops(const comm::FoldPlan* fold) {
+  if (fold) {
+    combine_ = fold->combine;
+    dtype_ = fold->dtype;
+    op_ = fold->op;
   }
-  void combine(const void* second, void* first, size_t bytes) const override {
-    auto* a = static_cast<comm::CheckHeader*>(first);
-    const auto* b = static_cast<const comm::CheckHeader*>(second);
-    a->f = std::max(a->f, b->f);
-    a->not_f = std::max(a->not_f, b->not_f);
-    const size_t n = bytes - sizeof(comm::CheckHeader);
-    if (n == 0) return;
-    char* pa = static_cast<char*>(first) + sizeof(comm::CheckHeader);
-    const char* pb = static_cast<const char*>(second) + sizeof(comm::CheckHeader);
-    if (combine_ == comm::FoldCombine::kReduce) {
-      reduce_inplace(dtype_, op_, pb, pa, n / dtype_size(dtype_));
-      return;
-    }
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t x, y;
-      std::memcpy(&x, pa + i, 8);
-      std::memcpy(&y, pb + i, 8);
-      x |= y;
-      std::memcpy(pa + i, &x, 8);
-    }
-    for (; i < n; ++i) pa[i] = static_cast<char>(pa[i] | pb[i]);
-  }
-  void size_differs(void* mine, size_t) const override {
-    auto* h = static_cast<comm::CheckHeader*>(mine);
-    h->f = h->not_f = comm::kPoisonWord;
-  }
+}
 
- private:
-  comm::FoldCombine combine_ = comm::FoldCombine::kBitwiseOr;
-  DType dtype_ = DType::kUInt8;
-  ReduceOp op_ = ReduceOp::kSum;
-};
+void AgreementCheck::Ops::combine(const void* second, void* first, size_t bytes) const {
+  auto* a = static_cast<comm::CheckHeader*>(first);
+  const auto* b = static_cast<const comm::CheckHeader*>(second);
+  a->f = std::max(a->f, b->f);
+  a->not_f = std::max(a->not_f, b->not_f);
+  const size_t n = bytes - sizeof(comm::CheckHeader);
+  if (n == 0) return;
+  char* pa = static_cast<char*>(first) + sizeof(comm::CheckHeader);
+  const char* pb = static_cast<const char*>(second) + sizeof(comm::CheckHeader);
+  if (combine_ == comm::FoldCombine::kReduce) {
+    reduce_inplace(dtype_, op_, pb, pa, n / dtype_size(dtype_));
+    return;
+  }
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x, y;
+    std::memcpy(&x, pa + i, 8);
+    std::memcpy(&y, pb + i, 8);
+    x |= y;
+    std::memcpy(pa + i, &x, 8);
+  }
+  for (; i < n; ++i) pa[i] = static_cast<char>(pa[i] | pb[i]);
+}
+
+void AgreementCheck::Ops::size_differs(void* mine, size_t) const {
+  auto* h = static_cast<comm::CheckHeader*>(mine);
+  h->f = h->not_f = comm::kPoisonWord;
+}
 
 AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
                                const comm::WireDesc& wire, bool locally_invalid,
@@ -61,7 +54,8 @@ AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
                                bool compare)
     : detail_comm_(detail_comm), locally_invalid_(locally_invalid),
       outcome_(outcome), serve_joined_(serve_joined),
-      fold_(fold && fold->folds && !locally_invalid), compare_(compare) {
+      fold_(fold && fold->folds && !locally_invalid), compare_(compare),
+      ops_(fold_ ? fold : nullptr) {
   record_.wire = wire;
   record_.wire.pad = locally_invalid ? 1 : 0;
   f_ = compare ? comm::check_word(record_.wire, locally_invalid) : 0;
@@ -69,10 +63,9 @@ AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
   const size_t header = sizeof(comm::CheckHeader);
   record_.frame_bytes = header + payload;
   post_ = ScheduleTags::next_post(check_comm);
-  ops_.reset(new Ops(fold_ ? fold : nullptr));
-  reduce_.reset(new RdAllreduce(
+  reduce_.emplace(
       check_comm, post_, 0, header + payload, header + std::max(fold_capacity, payload),
-      *ops_, fold_ ? comm::counters::Protocol::kFold : comm::counters::Protocol::kCheck));
+      ops_, fold_ ? comm::counters::Protocol::kFold : comm::counters::Protocol::kCheck);
   comm::CheckHeader h;
   h.f = f_;
   h.not_f = compare ? ~f_ : 0;

@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/mpi/log_coll.h"
@@ -91,7 +92,18 @@ class AgreementCheck {
     uint64_t frame_bytes = 0;
   };
   static_assert(sizeof(Record) == 40, "Record is exchanged as raw bytes");
-  class Ops;
+  // The frame's combine: MAX on the header, the fold's op on the payload.
+  class Ops : public FrameOps {
+   public:
+    explicit Ops(const comm::FoldPlan* fold);
+    void combine(const void* second, void* first, size_t bytes) const override;
+    void size_differs(void* mine, size_t bytes) const override;
+
+   private:
+    comm::FoldCombine combine_ = comm::FoldCombine::kBitwiseOr;
+    DType dtype_ = DType::kUInt8;
+    ReduceOp op_ = ReduceOp::kSum;
+  };
   // Phase 2 finished: throws kMismatch, or returns when this rank is one of
   // the invalid ones or the op is served to joined ranks.
   void settle_mismatch(const comm::OpLabel& desc);
@@ -106,8 +118,8 @@ class AgreementCheck {
   uint64_t f_;
   Record record_;
   Phase phase_ = kReduce;
-  std::unique_ptr<Ops> ops_;
-  std::unique_ptr<RdAllreduce> reduce_;
+  Ops ops_;
+  std::optional<RdAllreduce> reduce_;  // in place: no allocation per op
   std::unique_ptr<BruckAllgather> gather_;
   std::vector<comm::WireDesc> all_;
   std::vector<uint64_t> frame_bytes_;

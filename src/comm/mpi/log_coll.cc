@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "comm/mpi/mpi_runtime.h"
 
@@ -40,6 +42,55 @@ int keyval() {
     g_posts_mod = static_cast<uint64_t>((tag_ub + 1) / kTagsPerPost);
   }
   return g_keyval;
+}
+
+// Frame buffers kept for reuse, so that a schedule in steady state (one
+// per host op) allocates no buffer: at most kPoolBlocks blocks, the
+// smallest that fits is taken.  A schedule abandoned in flight keeps its
+// blocks (MPI may still write them).
+constexpr size_t kPoolBlocks = 32;
+std::mutex g_pool_mu;
+std::vector<std::pair<char*, size_t>>& pool() {
+  static auto* blocks = new std::vector<std::pair<char*, size_t>>();  // never freed
+  return *blocks;
+}
+
+char* take_block(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mu);
+    auto& blocks = pool();
+    size_t best = blocks.size();
+    for (size_t i = 0; i < blocks.size(); ++i)
+      if (blocks[i].second >= bytes &&
+          (best == blocks.size() || blocks[i].second < blocks[best].second))
+        best = i;
+    if (best < blocks.size()) {
+      char* p = blocks[best].first;
+      blocks[best] = blocks.back();
+      blocks.pop_back();
+      return p;
+    }
+  }
+  // The block's size is kept in front of it.
+  char* raw = new char[bytes + sizeof(size_t)];
+  std::memcpy(raw, &bytes, sizeof(size_t));
+  return raw + sizeof(size_t);
+}
+
+void give_block(char* p) {
+  size_t bytes = 0;
+  std::memcpy(&bytes, p - sizeof(size_t), sizeof(size_t));
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mu);
+    auto& blocks = pool();
+    if (blocks.size() < kPoolBlocks) {
+      if (blocks.capacity() < kPoolBlocks) blocks.reserve(kPoolBlocks);
+      blocks.emplace_back(p, bytes);
+      return;
+    }
+  }
+  delete[] (p - sizeof(size_t));
 }
 
 }  // namespace
@@ -156,8 +207,8 @@ RdAllreduce::RdAllreduce(MPI_Comm comm, uint64_t post, int step, size_t bytes,
     : Schedule(comm, post, step, protocol), bytes_(bytes),
       capacity_(std::max(bytes, capacity)), ops_(ops) {
   // Raw arrays: MPI may still write them after a timeout (in_flight()).
-  mine_ = new char[capacity_ ? capacity_ : 1];
-  other_ = new char[capacity_ ? capacity_ : 1];
+  mine_ = take_block(capacity_);
+  other_ = take_block(capacity_);
   while (pof2_ * 2 <= size_) pof2_ *= 2;
   extra_ = size_ - pof2_;
   if (rank_ < 2 * extra_)
@@ -178,8 +229,8 @@ void RdAllreduce::start() {
 
 RdAllreduce::~RdAllreduce() {
   if (!in_flight()) {
-    delete[] mine_;
-    delete[] other_;
+    give_block(mine_);
+    give_block(other_);
   }
 }
 
@@ -255,7 +306,7 @@ BruckAllgather::BruckAllgather(MPI_Comm comm, uint64_t post, int step,
     : Schedule(comm, post, step, protocol), block_(block_bytes) {
   rounds_ = ceil_log2(size_);
   const size_t total = block_ * static_cast<size_t>(size_);
-  tmp_ = new char[total ? total : 1];
+  tmp_ = take_block(total);
   if (block_) std::memcpy(tmp_, block, block_);
   if (size_ == 1) {
     out_.assign(tmp_, tmp_ + total);
@@ -266,7 +317,7 @@ BruckAllgather::BruckAllgather(MPI_Comm comm, uint64_t post, int step,
 }
 
 BruckAllgather::~BruckAllgather() {
-  if (!in_flight()) delete[] tmp_;
+  if (!in_flight()) give_block(tmp_);
 }
 
 void BruckAllgather::start_round() {
