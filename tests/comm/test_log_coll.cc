@@ -18,12 +18,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "comm/counters.h"
 #include "comm/mpi/log_coll.h"
+#include "comm/mpi/mpi_runtime.h"
 #include "common/test_util.h"
 #include "core/cpu_reduce.h"
 
@@ -296,6 +298,26 @@ TEST(LogCollUnits, CeilLog2AndTags) {
   EXPECT_NE(ScheduleTags::tag(0, 0, 1), ScheduleTags::tag(0, 1, 1));
   EXPECT_NE(ScheduleTags::tag(0, 0, 1), ScheduleTags::tag(0, 0, 2));
   EXPECT_GE(ScheduleTags::tag(12345, 3, 31), 0);
+}
+
+// TUTTI_MPI_LARGE_ALGORITHM as Open MPI's coll_libnbc_iallreduce_algorithm:
+// the ring up to 8 ranks (as before issue 29), Rabenseifner above.
+TEST(LogCollUnits, LargeAlgorithmRule) {
+  EXPECT_EQ(libnbc_allreduce_algorithm("auto", 1), "1");
+  EXPECT_EQ(libnbc_allreduce_algorithm("auto", 2), "1");
+  EXPECT_EQ(libnbc_allreduce_algorithm("auto", 8), "1");
+  EXPECT_EQ(libnbc_allreduce_algorithm("auto", 9), "3");
+  EXPECT_EQ(libnbc_allreduce_algorithm("auto", 8192), "3");
+  EXPECT_EQ(libnbc_allreduce_algorithm("ring", 8192), "1");
+  EXPECT_EQ(libnbc_allreduce_algorithm("rabenseifner", 2), "3");
+  EXPECT_EQ(libnbc_allreduce_algorithm("mpi", 16), "");
+  const std::string e = test::expect_error(
+      [] { libnbc_allreduce_algorithm("tree", 4); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(e.find("TUTTI_MPI_LARGE_ALGORITHM='tree'"), std::string::npos) << e;
+  // tutti initialised MPI here with the variable unset: the ring (np <= 8).
+  const char* set = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+  ASSERT_NE(set, nullptr);
+  EXPECT_STREQ(set, "1");
 }
 
 }  // namespace

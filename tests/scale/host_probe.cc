@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -89,6 +90,14 @@ class ScaleHostOps : public ::testing::Test {
   int log_w = 0;
   int log_p = 0;
 };
+
+TEST_F(ScaleHostOps, LargeAllreducesUseALogRoundAlgorithmAboveEightRanks) {
+  // TUTTI_MPI_LARGE_ALGORITHM=auto, set before MPI_Init (the test leaves the
+  // variable unset): libnbc's ring (1) up to 8 ranks, Rabenseifner (3) above.
+  const char* set = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+  ASSERT_NE(set, nullptr);
+  EXPECT_STREQ(set, size <= 8 ? "1" : "3");
+}
 
 TEST_F(ScaleHostOps, CheckOnlyOpIsLogarithmic) {
   const size_t limit = static_cast<size_t>(config::get_int("TUTTI_MPI_FOLD_BYTES"));
