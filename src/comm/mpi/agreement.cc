@@ -51,7 +51,7 @@ AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
                                const comm::WireDesc& wire, bool locally_invalid,
                                const char* outcome, bool serve_joined,
                                const comm::FoldPlan* fold, size_t fold_capacity,
-                               bool compare)
+                               bool compare, FrameScratch* scratch)
     : detail_comm_(detail_comm), locally_invalid_(locally_invalid),
       outcome_(outcome), serve_joined_(serve_joined),
       fold_(fold && fold->folds && !locally_invalid), compare_(compare),
@@ -65,7 +65,8 @@ AgreementCheck::AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
   post_ = ScheduleTags::next_post(check_comm);
   reduce_.emplace(
       check_comm, post_, 0, header + payload, header + std::max(fold_capacity, payload),
-      ops_, fold_ ? comm::counters::Protocol::kFold : comm::counters::Protocol::kCheck);
+      ops_, fold_ ? comm::counters::Protocol::kFold : comm::counters::Protocol::kCheck,
+      scratch);
   comm::CheckHeader h;
   h.f = f_;
   h.not_f = compare ? ~f_ : 0;

@@ -53,12 +53,15 @@ class AgreementCheck {
   // skips the fingerprint comparison (TUTTI_CHECK_COLLECTIVES=0 with a
   // folded op): the exchange then only carries the payload, and a frame
   // of another size is still kMismatch ("ranks passed different sizes").
+  // `scratch`: the frames' buffers (RdAllreduce), for a caller that runs
+  // one check at a time; null: pool blocks.
   AgreementCheck(MPI_Comm check_comm, MPI_Comm detail_comm,
                  const comm::WireDesc& wire, bool locally_invalid,
                  const char* outcome = "no rank ran it",
                  bool serve_joined = false,
                  const comm::FoldPlan* fold = nullptr,
-                 size_t fold_capacity = 0, bool compare = true);
+                 size_t fold_capacity = 0, bool compare = true,
+                 FrameScratch* scratch = nullptr);
   // A check still in flight is abandoned: its buffers are leaked on purpose
   // (MPI may still write them).
   ~AgreementCheck();

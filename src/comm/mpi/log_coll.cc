@@ -46,7 +46,8 @@ int keyval() {
 
 // Frame buffers kept for reuse, so that a schedule in steady state (one
 // per host op) allocates no buffer: at most kPoolBlocks blocks, the
-// smallest that fits is taken.  A schedule abandoned in flight keeps its
+// smallest that fits is taken (never one more than twice the size asked,
+// so that small frames do not use up the large blocks).  A schedule abandoned in flight keeps its
 // blocks (MPI may still write them).
 constexpr size_t kPoolBlocks = 32;
 std::mutex g_pool_mu;
@@ -62,7 +63,7 @@ char* take_block(size_t bytes) {
     auto& blocks = pool();
     size_t best = blocks.size();
     for (size_t i = 0; i < blocks.size(); ++i)
-      if (blocks[i].second >= bytes &&
+      if (blocks[i].second >= bytes && blocks[i].second / 2 <= bytes &&
           (best == blocks.size() || blocks[i].second < blocks[best].second))
         best = i;
     if (best < blocks.size()) {
@@ -201,14 +202,33 @@ bool Schedule::test(bool* progressed) {
 
 // ---- recursive doubling
 
+FrameScratch::~FrameScratch() {
+  delete[] buf[0];
+  delete[] buf[1];
+}
+
 RdAllreduce::RdAllreduce(MPI_Comm comm, uint64_t post, int step, size_t bytes,
                          size_t capacity, const FrameOps& ops,
-                         comm::counters::Protocol protocol)
+                         comm::counters::Protocol protocol, FrameScratch* scratch)
     : Schedule(comm, post, step, protocol), bytes_(bytes),
-      capacity_(std::max(bytes, capacity)), ops_(ops) {
-  // Raw arrays: MPI may still write them after a timeout (in_flight()).
-  mine_ = take_block(capacity_);
-  other_ = take_block(capacity_);
+      capacity_(std::max(bytes, capacity)), ops_(ops), scratch_(scratch) {
+  if (scratch_) {
+    if (scratch_->capacity < capacity_ || !scratch_->buf[0]) {
+      delete[] scratch_->buf[0];
+      delete[] scratch_->buf[1];
+      scratch_->buf[0] = scratch_->buf[1] = nullptr;
+      scratch_->capacity = 0;
+      scratch_->buf[0] = new char[std::max<size_t>(capacity_, 1)];
+      scratch_->buf[1] = new char[std::max<size_t>(capacity_, 1)];
+      scratch_->capacity = capacity_;
+    }
+    mine_ = scratch_->buf[0];
+    other_ = scratch_->buf[1];
+  } else {
+    // Pool blocks: MPI may still write them after a timeout (in_flight()).
+    mine_ = take_block(capacity_);
+    other_ = take_block(capacity_);
+  }
   while (pof2_ * 2 <= size_) pof2_ *= 2;
   extra_ = size_ - pof2_;
   if (rank_ < 2 * extra_)
@@ -228,6 +248,13 @@ void RdAllreduce::start() {
 }
 
 RdAllreduce::~RdAllreduce() {
+  if (scratch_) {
+    if (in_flight()) {  // MPI keeps the buffers
+      scratch_->buf[0] = scratch_->buf[1] = nullptr;
+      scratch_->capacity = 0;
+    }
+    return;
+  }
   if (!in_flight()) {
     give_block(mine_);
     give_block(other_);

@@ -116,6 +116,19 @@ class Schedule {
   int rounds_done_ = 0;
 };
 
+// Two frame buffers that a caller running one schedule at a time keeps
+// across its schedules (the MPI backend's engine, one per communicator), so
+// that a stream of host ops allocates no buffer after the first.  A
+// schedule abandoned in flight leaves them to MPI (leaked).
+struct FrameScratch {
+  FrameScratch() = default;
+  ~FrameScratch();
+  FrameScratch(const FrameScratch&) = delete;
+  FrameScratch& operator=(const FrameScratch&) = delete;
+  char* buf[2] = {nullptr, nullptr};
+  size_t capacity = 0;
+};
+
 // All-reduce by recursive doubling, W any: with p the largest power of two
 // <= W and r = W - p, ranks 2i and 2i+1 (i < r) first fold into 2i+1, the
 // p survivors exchange whole frames in log2(p) rounds (partner = rank xor
@@ -128,10 +141,11 @@ class RdAllreduce : public Schedule {
   // A frame of `bytes`; peers' frames may be up to `capacity` bytes
   // (>= bytes) and one of another size than this rank's is handed to
   // ops.size_differs().  `ops` must outlive the schedule.  Write this
-  // rank's contribution into frame(), then start().
+  // rank's contribution into frame(), then start().  The frames live in
+  // `scratch` when given (grown to `capacity`), else in blocks of a pool.
   RdAllreduce(MPI_Comm comm, uint64_t post, int step, size_t bytes,
               size_t capacity, const FrameOps& ops,
-              comm::counters::Protocol protocol);
+              comm::counters::Protocol protocol, FrameScratch* scratch = nullptr);
   ~RdAllreduce() override;
   void* frame() { return mine_; }
   // Posts the first round.
@@ -149,6 +163,7 @@ class RdAllreduce : public Schedule {
   size_t bytes_;
   size_t capacity_;
   const FrameOps& ops_;
+  FrameScratch* scratch_;
   char* mine_;
   char* other_;
   int pof2_ = 1;

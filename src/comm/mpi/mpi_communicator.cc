@@ -300,7 +300,7 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
       AgreementCheck agreement(check_, check_, comm::make_wire(r, seq),
                                local_error != nullptr, "no rank ran it",
                                /*serve_joined=*/check, plan.folds ? &plan : nullptr,
-                               fold_limit(), /*compare=*/check);
+                               fold_limit(), /*compare=*/check, &check_scratch_);
       if (!agreement.wait(deadline, desc, stall_))
         fail_timeout(desc, seq, r.options.timeout_s,
                      check ? "agreeing on the operation" : "exchanging data");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/mpi/join.h"
+#include "comm/mpi/log_coll.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/comm_settings.h"
 #include "comm/cpu_work.h"
@@ -163,6 +164,8 @@ class MpiCommunicator : public Communicator,
   uint64_t next_p2p_seq_ = 0;  // send/recv, numbered separately
   uint32_t splits_ = 0;
   uint64_t derived_ = 0;  // derived_id()s handed out; engine only
+  // The frames of execute()'s checks (engine thread, one at a time).
+  mpi::FrameScratch check_scratch_;
   uint64_t fold_generation_ = ~uint64_t{0};  // fold_limit()'s cache
   size_t fold_bytes_ = 0;
   std::shared_ptr<CommProgress> progress_;
