@@ -71,9 +71,9 @@ const WaitSettings& wait_settings() {
 
 }  // namespace
 
-Backoff Backoff::from_settings() {
+Backoff Backoff::from_settings(int64_t min_yield_us) {
   const WaitSettings& w = wait_settings();
-  return Backoff(w.cap_us, w.spins, w.yield_us);
+  return Backoff(w.cap_us, w.spins, std::max(w.yield_us, min_yield_us));
 }
 
 int64_t wait_sleep_cap_us() { return wait_settings().cap_us; }

@@ -54,10 +54,20 @@ class Backoff {
                    int64_t yield_us = kYieldUs)
       : cap_us_(cap_us), spin_polls_(spin_polls < 0 ? 0 : spin_polls),
         yield_us_(yield_us < 0 ? 0 : yield_us) {}
-  // The policy the settings give (cap, spins, yield), read on this thread.
-  static Backoff from_settings();
+  // The policy the settings give (cap, spins, yield), read on this thread;
+  // the yield phase lasts at least `min_yield_us`.
+  static Backoff from_settings(int64_t min_yield_us = 0);
   // What to do after a poll that found the wait unfinished, at `now`.
   Step next(Clock::time_point now);
+  // The wait moved (a round of a schedule completed, more rounds follow):
+  // back to the spin phase, and the next sleep is kFirstSleepUs again, so
+  // that a schedule that keeps advancing never waits a sleep per round
+  // (log_coll.h).  A waiter calls it at most once per round, so a wait
+  // whose peer is late still reaches the sleeps (test_wait_cpu's bound).
+  void progressed() {
+    polls_ = 0;
+    sleep_us_ = kFirstSleepUs;
+  }
   // Does it: nothing, sched_yield(), or sleeps.
   static void pause(const Step& step);
   // next(Clock::now()) then pause(); returns the step (for check_clock).

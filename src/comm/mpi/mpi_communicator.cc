@@ -6,7 +6,9 @@
 #include <memory>
 #include <optional>
 
+#include "comm/counters.h"
 #include "comm/cpu_work.h"
+#include "comm/fold.h"
 #include "comm/mpi/agreement.h"
 #include "comm/mpi/running_op.h"
 #include "comm/registry.h"
@@ -284,23 +286,56 @@ void MpiCommunicator::execute(const std::shared_ptr<Queued>& q, CpuWork& work) {
     } catch (const Error&) {
       local_error = std::current_exception();
     }
-    if (size_ > 1 && q->check) {
-      check_agreement(check_, comm::make_wire(r, seq), local_error != nullptr,
-                      desc, deadline, [&] {
-                        fail_timeout(desc, seq, r.options.timeout_s,
-                                     "agreeing on the operation");
-                      }, stall_);
+    // A small op rides in the check's frame (comm::FoldPlan): one
+    // recursive-doubling exchange carries both; it also runs so, without
+    // the fingerprint comparison, when the check is off.  A joined rank
+    // (join.h) sends a header-only frame: the sizes differ, phase 2 finds
+    // the op servable, and every rank runs it unfolded below.
+    const bool check = size_ > 1 && q->check;
+    comm::FoldPlan plan;
+    if (size_ > 1 && !local_error) plan = comm::fold_plan(r, rank_, size_, fold_limit());
+    bool folded = false;
+    if (check || plan.folds) {
+      if (!check) running.set_phase("exchanging data");
+      AgreementCheck agreement(check_, check_, comm::make_wire(r, seq),
+                               local_error != nullptr, "no rank ran it",
+                               /*serve_joined=*/check, plan.folds ? &plan : nullptr,
+                               fold_limit(), /*compare=*/check, &check_scratch_);
+      if (!agreement.wait(deadline, desc, stall_))
+        fail_timeout(desc, seq, r.options.timeout_s,
+                     check ? "agreeing on the operation" : "exchanging data");
+      if (local_error) std::rethrow_exception(local_error);
+      if (agreement.folded()) {
+        work.agreed();  // the timeline's end of the agreement phase
+        comm::unfold(r, plan, rank_, size_, agreement.payload());
+        folded = true;
+      }
     }
-    if (local_error) std::rethrow_exception(local_error);
-    running.set_phase("exchanging data");
-    work.agreed();  // the timeline's end of the agreement phase
-    run_collective(r, deadline, desc, seq);
+    if (!folded) {
+      if (local_error) std::rethrow_exception(local_error);
+      running.set_phase("exchanging data");
+      work.agreed();  // the timeline's end of the agreement phase
+      run_collective(r, deadline, desc, seq);
+    }
   } catch (...) {
     error = std::current_exception();
   }
   // After the RunningOp ended: peers see the op finished before its waiter
   // is released.
   work.finish(error);
+}
+
+size_t MpiCommunicator::fold_limit() {
+  const uint64_t g = config::generation();
+  if (g != fold_generation_) {
+    const int64_t v = config::get_int("TUTTI_MPI_FOLD_BYTES");
+    if (v < 0)
+      TUTTI_THROW(kInvalidArgument, "TUTTI_MPI_FOLD_BYTES=", v,
+                  " is negative (0 folds only barriers and empty operations)");
+    fold_bytes_ = static_cast<size_t>(v);
+    fold_generation_ = g;
+  }
+  return fold_bytes_;
 }
 
 void MpiCommunicator::check_agreement(MPI_Comm check_comm,
@@ -390,8 +425,9 @@ void MpiCommunicator::check_departures(const comm::OpLabel& desc, uint64_t seq,
 
 void MpiCommunicator::wait_or_fail(MPI_Request* req, const Deadline& deadline,
                                    const comm::OpLabel& desc, uint64_t seq,
-                                   MPI_Status* status) {
-  if (!wait(req, deadline, desc, status, stall_))
+                                   int64_t min_yield_us) {
+  comm::counters::add_call(comm::counters::Protocol::kMpiCollective);
+  if (!wait(req, deadline, desc, MPI_STATUS_IGNORE, stall_, min_yield_us))
     fail_timeout(desc, seq, deadline.seconds(), "exchanging data");
 }
 
@@ -418,7 +454,10 @@ void MpiCommunicator::run_collective(const OpRequest& r,
                             ? MPI_IN_PLACE
                             : static_cast<const char*>(in.data()) + off * es;
         TUTTI_MPI_CHECK(MPI_Iallreduce(s, o, n, dt, op, data_, &req), desc);
-        wait_or_fail(&req, deadline, desc, seq);
+        // libnbc's ring (or Rabenseifner's) advances a round only while
+        // this rank polls: yield, not sleep, for as long as it should take.
+        wait_or_fail(&req, deadline, desc, seq,
+                     modelled_us(2 * (size_ - 1), static_cast<int64_t>(n) * es * 2));
       }
       if (r.op == ReduceOp::kAvg)
         divide_inplace(out.dtype(), out.data(), out.numel(), size_);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/mpi/join.h"
+#include "comm/mpi/log_coll.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/comm_settings.h"
 #include "comm/cpu_work.h"
@@ -143,9 +144,13 @@ class MpiCommunicator : public Communicator,
   void serve_op(const comm::WireDesc& op, std::vector<char>& scratch);
   void run_collective(const OpRequest& r, const Deadline& deadline,
                       const comm::OpLabel& desc, uint64_t seq);
+  // `min_yield_us`: mpi::wait_rc's (an op libnbc runs in many rounds).
   void wait_or_fail(MPI_Request* req, const Deadline& deadline,
                     const comm::OpLabel& desc, uint64_t seq,
-                    MPI_Status* status = MPI_STATUS_IGNORE);
+                    int64_t min_yield_us = 0);
+  // TUTTI_MPI_FOLD_BYTES, re-read when the settings generation changes
+  // (engine thread only).
+  size_t fold_limit();
 
   MPI_Comm data_ = MPI_COMM_NULL;
   MPI_Comm check_ = MPI_COMM_NULL;
@@ -159,6 +164,10 @@ class MpiCommunicator : public Communicator,
   uint64_t next_p2p_seq_ = 0;  // send/recv, numbered separately
   uint32_t splits_ = 0;
   uint64_t derived_ = 0;  // derived_id()s handed out; engine only
+  // The frames of execute()'s checks (engine thread, one at a time).
+  mpi::FrameScratch check_scratch_;
+  uint64_t fold_generation_ = ~uint64_t{0};  // fold_limit()'s cache
+  size_t fold_bytes_ = 0;
   std::shared_ptr<CommProgress> progress_;
   std::atomic<bool> poisoned_{false};
   std::atomic<bool> closed_{false};

@@ -141,12 +141,55 @@ std::string thread_level_problem(int granted, bool owned) {
               "`from mpi4py import MPI`)");
 }
 
+std::string libnbc_allreduce_algorithm(const std::string& setting, int world_size) {
+  if (setting == "ring") return "1";
+  if (setting == "rabenseifner") return "3";
+  if (setting == "mpi") return "";
+  if (setting == "auto") return world_size <= 8 ? "1" : "3";
+  TUTTI_THROW(kInvalidArgument, "TUTTI_MPI_LARGE_ALGORITHM='", setting,
+              "' (expected auto, ring, rabenseifner or mpi)");
+}
+
+namespace {
+
+// The world size a launcher announced, before MPI_Init (1 when none did).
+int launcher_world_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
+    const char* s = std::getenv(v);
+    if (s && std::atoi(s) > 0) return std::atoi(s);
+  }
+  return 1;
+}
+
+constexpr const char* kLibnbcAllreduceVar = "OMPI_MCA_coll_libnbc_iallreduce_algorithm";
+
+}  // namespace
+
 InitState initialize() {
   InitState s;
+  // Open MPI's non-blocking all-reduce (coll/libnbc, what tutti's large
+  // MPI_Iallreduce runs on; small ones fold into the agreement check)
+  // picks a binomial tree below 4 ranks and for in-place buffers: reduce to
+  // a root, broadcast back, twice a ring's traffic on the root.  Its ring
+  // measured 1.2-3.0x MPI_Allreduce's busbw from 1 MB up at 2 ranks
+  // (bench/RESULTS.md), but takes 2(W-1) dependent rounds; Rabenseifner's
+  // algorithm moves the same bytes in 2 log2(W) rounds.  The variable is
+  // process-wide, read per call: TUTTI_MPI_LARGE_ALGORITHM decides it once
+  // from the world size (docs/communication.md, "Algorithm").  The user's
+  // own setting wins; other MPIs ignore the variable.
+  const std::string algorithm = libnbc_allreduce_algorithm(
+      config::get_string("TUTTI_MPI_LARGE_ALGORITHM"), launcher_world_size());
   if (is_initialized()) {
     TUTTI_MPI_CHECK(MPI_Query_thread(&s.thread_level),
                     "asking the application's MPI for its thread level");
     s.owned = false;
+    if (!algorithm.empty() && !std::getenv(kLibnbcAllreduceVar))
+      TUTTI_LOG(kInfo) << "MPI was initialised by the application, so tutti "
+                          "could not choose Open MPI's non-blocking all-reduce "
+                          "algorithm; export "
+                       << kLibnbcAllreduceVar << "=" << algorithm
+                       << " before MPI_Init for TUTTI_MPI_LARGE_ALGORITHM's "
+                          "choice (docs/communication.md, \"Algorithm\")";
   } else {
     int fin = 0;
     TUTTI_MPI_CHECK(MPI_Finalized(&fin), "initialising MPI");
@@ -154,13 +197,8 @@ InitState initialize() {
       TUTTI_THROW(kUnsupported,
                   "MPI was already finalised in this process; tutti cannot "
                   "initialise it again");
-    // Open MPI's non-blocking all-reduce (coll/libnbc, what tutti's
-    // MPI_Iallreduce runs on) picks a binomial tree below 4 ranks and for
-    // in-place buffers: reduce to a root, broadcast back, twice a ring's
-    // traffic on the root.  Its ring measured 1.2-2.4x MPI_Allreduce's busbw
-    // from 256 KiB up at 2 ranks (bench/RESULTS.md).  Ask for the ring
-    // unless the user chose; other MPIs ignore the variable.
-    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+    if (!algorithm.empty())
+      setenv(kLibnbcAllreduceVar, algorithm.c_str(), /*overwrite=*/0);
     const int wanted = requested_thread_level();
     TUTTI_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, wanted, &s.thread_level),
                     "initialising MPI (asking for ", thread_level_name(wanted),
@@ -252,28 +290,42 @@ void StallWatch::poll(Clock::time_point now) {
 }
 
 bool wait(MPI_Request* request, const Deadline& deadline,
-          const comm::OpLabel& desc, MPI_Status* status, StallWatch* stall) {
+          const comm::OpLabel& desc, MPI_Status* status, StallWatch* stall,
+          int64_t min_yield_us) {
   int rc = MPI_SUCCESS;
-  const bool done = wait_rc(request, deadline, status, &rc, stall);
+  const bool done = wait_rc(request, deadline, status, &rc, stall, min_yield_us);
   if (rc != MPI_SUCCESS)
     throw_mpi_error(rc, "MPI_Test", desc.str(), __FILE__, __LINE__);
   return done;
 }
 
 bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
-             int* rc, StallWatch* stall) {
+             int* rc, StallWatch* stall, int64_t min_yield_us) {
   // Open MPI's MPI_Wait polls its progress engine in a loop (a core at 100%
   // for as long as the wait lasts; it also cannot honour the deadline), so
-  // the blocking wait is built here from MPI_Test and comm::Backoff (spin,
-  // yield, then sleeps up to TUTTI_MPI_WAIT_SLEEP_US).  Each poll also
-  // progresses MPI (non-blocking collectives advance only inside MPI
-  // calls).  The stall inspector (`stall`) is polled where the deadline is
-  // checked: never while spinning, so a prompt op does not touch it.
-  comm::Backoff backoff = comm::Backoff::from_settings();
+  // the blocking wait is built from MPI_Test and comm::Backoff.  Each poll
+  // also progresses MPI (non-blocking collectives advance only inside MPI
+  // calls).
   int flag = 0;
+  *rc = MPI_SUCCESS;
+  return poll_until(
+      [&](bool*) {
+        *rc = MPI_Test(request, &flag, status);
+        return *rc != MPI_SUCCESS || flag;
+      },
+      deadline, stall, min_yield_us);
+}
+
+bool poll_until(const std::function<bool(bool* progressed)>& poll,
+                const Deadline& deadline, StallWatch* stall, int64_t min_yield_us) {
+  // Spin, yield, then sleeps up to TUTTI_MPI_WAIT_SLEEP_US.  The stall
+  // inspector (`stall`) is polled where the deadline is checked: never while
+  // spinning, so a prompt op does not touch it.
+  comm::Backoff backoff = comm::Backoff::from_settings(min_yield_us);
   for (;;) {
-    *rc = MPI_Test(request, &flag, status);
-    if (*rc != MPI_SUCCESS || flag) return true;
+    bool progressed = false;
+    if (poll(&progressed)) return true;
+    if (progressed) backoff.progressed();
     const comm::Backoff::Step step = backoff.next(comm::Backoff::Clock::now());
     if (step.check_clock) {
       if (deadline.expired()) return false;
@@ -281,6 +333,10 @@ bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
     }
     comm::Backoff::pause(step);
   }
+}
+
+int64_t modelled_us(int64_t rounds, int64_t bytes) {
+  return std::min<int64_t>(20000, rounds * 10 + bytes / 1000);
 }
 
 }  // namespace mpi

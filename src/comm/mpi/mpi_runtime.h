@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 
 #include "comm/op_desc.h"
 #include "core/check.h"
@@ -106,15 +107,41 @@ class StallWatch {
 // Backs off as comm::Backoff says (spin, yield, then sleeps up to
 // TUTTI_MPI_WAIT_SLEEP_US), so a long wait (a late peer) costs little CPU:
 // the cores stay with the computation the communication overlaps.
-// A `stall` watch is polled alongside the deadline.
+// A `stall` watch is polled alongside the deadline.  `min_yield_us`: the
+// yield phase lasts at least this long (an op MPI runs in many rounds that
+// only advance while this rank polls: modelled_us()).
 bool wait(MPI_Request* request, const Deadline& deadline,
           const comm::OpLabel& desc, MPI_Status* status = MPI_STATUS_IGNORE,
-          StallWatch* stall = nullptr);
+          StallWatch* stall = nullptr, int64_t min_yield_us = 0);
 
 // As wait(), but an MPI error is returned in *rc (MPI_SUCCESS otherwise)
 // instead of thrown, for callers that translate it (e.g. MPI_ERR_TRUNCATE).
 bool wait_rc(MPI_Request* request, const Deadline& deadline, MPI_Status* status,
-             int* rc, StallWatch* stall = nullptr);
+             int* rc, StallWatch* stall = nullptr, int64_t min_yield_us = 0);
+
+// The one host wait loop behind wait_rc() and tutti's own schedules: calls
+// poll(&progressed) until it returns true (then true) or the deadline
+// passes (false), backing off as comm::Backoff says; a poll that sets
+// progressed (a round completed) starts the backoff over
+// (Backoff::progressed()).  `stall` is polled where the deadline is.
+bool poll_until(const std::function<bool(bool* progressed)>& poll,
+                const Deadline& deadline, StallWatch* stall = nullptr,
+                int64_t min_yield_us = 0);
+
+// How long an MPI collective of `bytes` per rank in `rounds` dependent
+// rounds is expected to take, for a wait's yield phase: rounds x 10 us plus
+// 1 ns per byte (1 GB/s), capped at 20 ms.  Sleeping inside a multi-round
+// libnbc op costs a sleep per round in which this rank forwards; yielding
+// as long as the op should take avoids that without spinning on a late peer
+// for longer than 20 ms.
+int64_t modelled_us(int64_t rounds, int64_t bytes);
+
+// TUTTI_MPI_LARGE_ALGORITHM as the value of Open MPI's
+// coll_libnbc_iallreduce_algorithm for a world of `world_size` ranks
+// ("auto": "1", the ring, up to 8 ranks, else "3", Rabenseifner's
+// reduce-scatter + all-gather; "ring": "1"; "rabenseifner": "3"; "mpi": ""
+// (libnbc's own rule)).  Throws kInvalidArgument on another value.
+std::string libnbc_allreduce_algorithm(const std::string& setting, int world_size);
 
 }  // namespace mpi
 }  // namespace tutti
