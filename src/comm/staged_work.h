@@ -16,8 +16,11 @@ namespace comm {
 
 class StagedWork : public Work {
  public:
-  // `backend` labels the op on the timeline ("nccl", "staged").
-  explicit StagedWork(const char* backend = "nccl") : backend_(backend) {}
+  // `backend` labels the op on the timeline ("nccl", "staged", "mpi");
+  // `track` is the timeline group track its host side is drawn on.
+  explicit StagedWork(const char* backend = "nccl",
+                      std::string track = "cuda (posted)")
+      : backend_(backend), track_(std::move(track)) {}
   uint64_t seq() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return seq_;
@@ -30,10 +33,13 @@ class StagedWork : public Work {
   void started(uint64_t seq, std::string desc) {
     // The timeline sees the host side only: submitted -> posted to the
     // stream (the GPU's end is not traced).
-    if (timeline::on() && enqueued_ns_)
-      timeline::complete(timeline::group_track("cuda (posted)"), "comm", desc,
-                         enqueued_ns_, timeline::now_ns(),
-                         &timeline::Args().i("seq", static_cast<int64_t>(seq)).s("backend", backend_));
+    if (timeline::on() && enqueued_ns_) {
+      timeline::Args a;
+      trace_args(a);
+      a.i("seq", static_cast<int64_t>(seq)).s("backend", backend_);
+      timeline::complete(timeline::group_track(track_), "comm", desc, enqueued_ns_,
+                         timeline::now_ns(), &a);
+    }
     settle(kStarted, nullptr, seq, std::move(desc));
   }
   // Called by the engine when the operation could not be started.
@@ -43,6 +49,9 @@ class StagedWork : public Work {
 
  protected:
   enum Stage { kQueued, kStarted, kDone };
+  // What the op's timeline event says besides seq and backend (op, group,
+  // bytes...); nothing by default.
+  virtual void trace_args(timeline::Args& a) const { (void)a; }
   // Waits until the engine has started or failed the operation; `lock`
   // holds mu_ afterwards.  Rethrows a failure.
   void wait_started(std::unique_lock<std::mutex>& lock) {
@@ -58,6 +67,7 @@ class StagedWork : public Work {
   std::exception_ptr error_;
   const int64_t enqueued_ns_ = timeline::on() ? timeline::now_ns() : 0;
   const char* const backend_;
+  const std::string track_;
 
  private:
   void settle(Stage stage, std::exception_ptr e, uint64_t seq, std::string desc) {

@@ -47,9 +47,12 @@ uint64_t mix_id(uint64_t parent, uint64_t a, uint64_t b) {
 class P2PWork : public comm::StagedWork {
  public:
   P2PWork(std::shared_ptr<MpiCommunicator> owner, double timeout_s,
-          int64_t expected, DType dtype)
-      : owner_(std::move(owner)), deadline_(timeout_s), timeout_s_(timeout_s),
-        expected_(expected), dtype_(dtype) {}
+          const OpRequest& request)
+      : comm::StagedWork("mpi", "p2p " + owner->name()), owner_(std::move(owner)),
+        deadline_(timeout_s), timeout_s_(timeout_s),
+        expected_(request.kind == CollectiveKind::kRecv ? request.input.numel() : -1),
+        dtype_(request.input.dtype()), kind_(request.kind), name_(request.options.name),
+        peer_(request.root), count_(request.input.numel()) {}
 
   // The posted request; set before started().
   MPI_Request* request() { return &req_; }
@@ -120,11 +123,22 @@ class P2PWork : public comm::StagedWork {
                       " elements, expected ", expected_))));
   }
 
+  // The timeline event's arguments, like a collective's (CpuWork::trace).
+  void trace_args(timeline::Args& a) const override {
+    a.s("op", collective_kind_name(kind_)).s("name", name_).s("dtype", dtype_name(dtype_))
+        .i("count", count_).i("bytes", count_ * static_cast<int64_t>(dtype_size(dtype_)))
+        .i("peer", peer_).s("group", owner_->name());
+  }
+
   std::shared_ptr<MpiCommunicator> owner_;
   Deadline deadline_;
   double timeout_s_;
   int64_t expected_;
   DType dtype_;
+  CollectiveKind kind_;
+  std::string name_;
+  int peer_;
+  int64_t count_;
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 
@@ -203,10 +217,7 @@ WorkPtr MpiCommunicator::submit_layered(const OpRequest& request, bool blocking,
       request.options.timeout_s > 0 ? request.options.timeout_s : settings.timeout_s;
   if (request.kind == CollectiveKind::kSend ||
       request.kind == CollectiveKind::kRecv) {
-    auto work = std::make_shared<P2PWork>(
-        shared_from_this(), timeout,
-        request.kind == CollectiveKind::kRecv ? request.input.numel() : -1,
-        request.input.dtype());
+    auto work = std::make_shared<P2PWork>(shared_from_this(), timeout, request);
     auto self = shared_from_this();
     engine_.submit(
         [self, request, work, also_validate] {
