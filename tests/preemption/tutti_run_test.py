@@ -142,9 +142,15 @@ def case_launcher(tmp):
     hostfile = os.path.join(tmp, "hosts")
     with open(hostfile, "w") as f:
         f.write("localhost slots=3\n")
+    # Each rank prints, then waits until all three printed before it exits
+    # 7: the first non-zero exit makes mpirun abort the others, and a rank
+    # still starting then never printed (failed 1 of 2 runs beside CPU hogs).
+    marks = tempfile.mkdtemp(prefix="printed-", dir=tmp)
     job = Job([sys.executable, TUTTI_RUN, "--max-restarts", "0", "--mpirun", MPIEXEC,
                "--hostfile", hostfile, "-np", "3", "--bind-to", "none",
-               "sh", "-c", "echo SIZE=$OMPI_COMM_WORLD_SIZE; exit 7"], name="tutti-run")
+               "sh", "-c", "echo SIZE=$OMPI_COMM_WORLD_SIZE; touch " + marks +
+               "/$OMPI_COMM_WORLD_RANK; while [ $(ls " + marks + " | wc -l) -lt 3 ]; "
+               "do sleep 0.05; done; exit 7"], name="tutti-run")
     rc = job.wait(60)
     if rc != 7 or job.output().count("SIZE=3") != 3:
         fail(f"pass-through: status {rc} (expected 7)\n{job.output()[-2000:]}")
