@@ -45,7 +45,7 @@ uint64_t hash_items(const std::vector<std::string>& items);
 // What this process's agreements cost (check_lists_agree() and
 // check_parameters_agree() together, since the last reset): collective calls
 // and the bytes this rank put into them.  Read by the scale tests
-// (tests/scale/dp.cmake), which assert both stay flat in W.
+// (tests/scale/dp.cmake), which assert both stay flat in W (scale_dp_agreement).
 struct AgreementCost {
   uint64_t collectives = 0;
   uint64_t bytes = 0;
