@@ -18,8 +18,9 @@ class StagedWork : public Work {
  public:
   // `backend` labels the op on the timeline ("nccl", "staged", "mpi");
   // `track` is the timeline group track its host side is drawn on.
-  explicit StagedWork(const char* backend = "nccl",
-                      std::string track = "cuda (posted)")
+  // No defaults: a subclass that took another's label drew host send/recv
+  // as NCCL ops.
+  StagedWork(const char* backend, std::string track)
       : backend_(backend), track_(std::move(track)) {}
   uint64_t seq() const override {
     std::lock_guard<std::mutex> lock(mu_);

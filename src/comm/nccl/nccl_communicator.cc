@@ -49,7 +49,8 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
  public:
   CudaWork(std::weak_ptr<NcclCommunicatorImpl> owner, int device,
            cudaStream_t user_stream)
-      : owner_(std::move(owner)), device_(device), user_stream_(user_stream) {}
+      : comm::StagedWork("nccl", "cuda (posted)"), owner_(std::move(owner)),
+        device_(device), user_stream_(user_stream) {}
 
   void wait() override;
   void synchronize() override;

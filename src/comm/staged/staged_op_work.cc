@@ -12,7 +12,7 @@ namespace staged {
 
 StagedOpWork::StagedOpWork(std::unique_ptr<OpCopies> copies,
                            std::function<void(const Error&)> broke)
-    : comm::StagedWork("staged"), copies_(std::move(copies)), broke_(std::move(broke)) {}
+    : comm::StagedWork("staged", "cuda (posted)"), copies_(std::move(copies)), broke_(std::move(broke)) {}
 
 StagedOpWork::~StagedOpWork() {
   // A send/recv nobody completed: its MPI request may still read or write
