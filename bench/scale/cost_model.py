@@ -28,9 +28,14 @@ def lg(w):
     return math.ceil(math.log2(w)) if w > 1 else 0
 
 
+def xof(w, cls):
+    """The regressor of a growth class: ceil(log2 W), W, or nothing."""
+    return lg(w) if cls == "log" else (w if cls == "linear" else 0)
+
+
 def fit(points, cls):
     """Least squares of y = a + b*x(W) over the measured (W, y) points."""
-    xs = [lg(w) if cls == "log" else (w if cls == "linear" else 0) for w, _ in points]
+    xs = [xof(w, cls) for w, _ in points]
     ys = [y for _, y in points]
     n = len(xs)
     if cls == "max":  # a bound reached once the tree is deep enough
@@ -47,8 +52,7 @@ def fit(points, cls):
 
 
 def at(a, b, cls, w):
-    x = lg(w) if cls == "log" else (w if cls == "linear" else 0)
-    return a + b * x if cls != "max" else a
+    return a + b * xof(w, cls)
 
 
 def main():
@@ -124,7 +128,7 @@ def main():
         rows.append(("bytes written per save / checkpointed state",
                      ["%.2f" % f("save_bytes_ratio", w) for w in worlds], "1 (no W factor)"))
         gb = [a.model_gb * f("save_bytes_ratio", w) for w in worlds]
-        rows.append(("  bytes per save, 7B, GB", ["%.0f" % g for g in gb], "112"))
+        rows.append(("  bytes per save, 7B, GB", ["%.0f" % g for g in gb], "%.0f" % a.model_gb))
         n2c = []
         for w, g in zip(worlds, gb):
             snap = a.model_gb / w / a.copy_gbs

@@ -1,6 +1,6 @@
 // The replica check (issue 27, ReducerOptions::check_parameters): at the end
 // of the first reducing synchronize() every rank compares a digest of its
-// parameters with the others' (one small allgather) and, when they differ,
+// parameters with the others' (one small all-reduce of the digest and its complement) and, when they differ,
 // every rank raises kMismatch naming the first differing parameter and the
 // ranks.  Over the reducer's own group only (tensor-parallel shards differ
 // across groups), once, and not at all when turned off.  Run at -np 2, 3, 4.
@@ -102,7 +102,7 @@ TEST(Replicas, SeveralParametersAndRanksDiffer) {
 }
 
 TEST(Replicas, AgreeingReplicasCostOneCollectiveOnce) {
-  // The check adds one world collective (the 8-byte digest allgather) to
+  // The check adds one world collective (the all-reduce of the digest and its complement) to
   // the first reducing step and none to later ones.
   auto count = [](bool check, std::vector<uint64_t>* per_step) {
     auto params = make();
