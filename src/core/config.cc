@@ -106,6 +106,13 @@ const std::vector<SettingInfo> kSettings = {
      "error (tutti-run sets it to 1 unless it is set)."},
     {"TUTTI_NCCL", "bool", "1",
      "Use NCCL for CUDA tensors (when built with NCCL)."},
+    {"TUTTI_NCCL_CHECK_EVERY", "int", "0",
+     "NCCL communicators check that every rank runs the same collective once "
+     "per window of this many ops (the windows ramp 1, 1, 2, 4, ... up to it, "
+     "by sequence number, the same on every rank): one ceil(log2 W)-message "
+     "check per window instead of per op; a difference still names the first "
+     "op that differed, at the op that closes its window.  0 (auto): every op "
+     "below 64 ranks, 64 from 64 ranks.  Must be the same on every rank."},
     {"TUTTI_DEVICE_TRANSPORT", "string", "auto",
      "Transport for a group's CUDA tensors: nccl; staged (through pinned host "
      "memory over the group's MPI communicator, same checks, timeouts and "

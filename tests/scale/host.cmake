@@ -5,7 +5,7 @@
 # asserts messages, bytes and rounds per op against the closed forms at each
 # rank count.  Oversubscribed (2 cores): counts only, never times.
 tutti_add_test(NAME scale_host_ops SOURCES ${CMAKE_CURRENT_LIST_DIR}/host_probe.cc
-  NP 2 4 8 16 LABELS scale TIMEOUT 120)
-foreach(np 2 4 8 16)
+  NP 2 4 8 16 32 LABELS scale TIMEOUT 120)
+foreach(np 2 4 8 16 32)
   set_tests_properties(scale_host_ops_np${np} PROPERTIES PROCESSORS 2)
 endforeach()

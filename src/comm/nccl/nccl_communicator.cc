@@ -11,11 +11,12 @@
 
 #include "comm/backoff.h"
 #include "comm/comm_settings.h"
-#include "comm/mpi/agreement.h"
+#include "comm/mpi/window_check.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/status_service.h"
 #include "comm/nccl/nccl_utils.h"
 #include "comm/op_desc.h"
+#include "comm/op_window.h"
 #include "comm/progress_engine.h"
 #include "comm/registry.h"
 #include "comm/staged_work.h"
@@ -37,6 +38,17 @@ namespace {
 constexpr const char* kOverlapOutcome =
     "the NCCL communicator was aborted (ranks may have started the "
     "mismatched operation)";
+
+// Ops per agreement check (comm/op_window.h): TUTTI_NCCL_CHECK_EVERY, or
+// by default every op below 64 ranks (each check costs ceil(log2 W)
+// messages) and one check per 64 ops from 64 ranks on.
+int check_every(int size) {
+  const int64_t k = config::get_int("TUTTI_NCCL_CHECK_EVERY");
+  TUTTI_ARG_CHECK(k >= 0 && k <= 4096, "TUTTI_NCCL_CHECK_EVERY must be 0 (auto) or "
+                  "1-4096 ops per agreement check, got ", k);
+  if (k > 0) return static_cast<int>(k);
+  return size < 64 ? 1 : 64;
+}
 
 // How often the watchdog polls while NCCL ops are in flight.
 constexpr std::chrono::microseconds kWatchInterval(200);
@@ -79,8 +91,9 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
   // Both created on the communicator's device (submit() holds a guard).
   cuda::Event ready;  // recorded on the caller's stream at submission
   cuda::Event done;   // recorded on the communication stream
-  // Posted by the engine before started(); null when not checking.
-  std::unique_ptr<mpi::AgreementCheck> check;
+  // Posted by the engine before started() when this op closes a window of
+  // checked ops (comm/op_window.h); null inside a window or unchecked.
+  std::unique_ptr<mpi::WindowCheck> check;
   // What peers' status queries read: marked finished (seq) on completion.
   std::shared_ptr<mpi::CommProgress> status;
   uint64_t seq = 0;
@@ -250,6 +263,7 @@ class NcclCommunicatorImpl {
   std::mutex last_mu;
   std::shared_ptr<CudaWork> last_work;
   uint64_t next_seq = 0;       // collectives; engine task only
+  std::unique_ptr<comm::OpWindow> window;  // checked collectives; engine task only
   uint64_t next_p2p_seq = 0;   // send/recv, numbered apart (two ranks only)
   std::atomic<bool> closed{false};
   std::mutex close_mu;
@@ -398,10 +412,14 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
     if (host && size > 1 && checked && !p2p) {
       // Posted, not waited for: the NCCL call below is enqueued at once and
       // the watchdog (or a waiting thread) completes the check.
-      work->check.reset(new mpi::AgreementCheck(
-          check, check_detail, comm::make_wire(r, seq), local_error != nullptr,
-          kOverlapOutcome));
-      if (local_error) {
+      // Ops are checked in windows (TUTTI_NCCL_CHECK_EVERY): only the op
+      // that closes one carries the window's check.
+      if (!window) window.reset(new comm::OpWindow(check_every(size)));
+      comm::OpWindowRecord closed;
+      if (window->add(seq, comm::make_wire(r, seq), local_error != nullptr, &closed))
+        work->check.reset(new mpi::WindowCheck(check, check_detail, std::move(closed),
+                                               kOverlapOutcome));
+      if (local_error && work->check) {
         // The peers enqueued this op already and it can never complete:
         // let them learn that this rank rejected it, then give up the
         // communicator (its own error below is the precise one).
@@ -409,8 +427,10 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
           work->check->wait(deadline, desc);
         } catch (const Error&) {
         }
-        watchdog.break_with(detail::error_of(local_error), nullptr);
       }
+      // Inside an open window the peers learn of it at the window's close
+      // or by their timeout (docs/scale.md, "NCCL path").
+      if (local_error) watchdog.break_with(detail::error_of(local_error), nullptr);
     }
     if (local_error) std::rethrow_exception(local_error);
     ncclResult_t rc;
