@@ -58,8 +58,11 @@ class OpWindow {
   bool add(uint64_t seq, const WireDesc& wire, bool locally_invalid, OpWindowRecord* out);
 
   int every() const { return every_; }
-  // Operations recorded in the open window.
+  // Operations recorded in the open window, its first sequence number and
+  // the one that will close it (for messages about unchecked operations).
   size_t open_ops() const { return open_.words.size(); }
+  uint64_t open_first() const { return open_.first_seq; }
+  uint64_t open_end() const { return end_; }
 
  private:
   int every_;

@@ -86,6 +86,9 @@ TEST(OpWindowUnits, AddClosesAtTheEndsAndHandsOverTheWindow) {
   EXPECT_TRUE(g.add(1, op(1, 1), false, &rec));
   EXPECT_TRUE(g.add(2, op(2, 1), false, &rec));
   EXPECT_FALSE(g.add(3, op(3, 1), false, &rec));
+  EXPECT_EQ(g.open_ops(), 1u);
+  EXPECT_EQ(g.open_first(), 3u);
+  EXPECT_EQ(g.open_end(), 4u);
   EXPECT_TRUE(g.add(5, op(5, 1), true, &rec));  // #4 was not checked
   EXPECT_EQ(rec.first_seq, 3u);
   EXPECT_EQ(rec.last_seq, 5u);

@@ -76,6 +76,12 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
     std::lock_guard<std::mutex> lock(mu_);
     if (check && !check->settled())
       return "agreeing on the operation with the other ranks";
+    if (unchecked_from)
+      return detail::cat("waiting for the GPU (the NCCL kernel never finished; ops #",
+                         unchecked_from, "-#", seq, " are not checked for agreement yet, "
+                         "their window's check comes with #", window_end,
+                         " (TUTTI_NCCL_CHECK_EVERY): ranks that issued different ops "
+                         "can hang here; TUTTI_NCCL_CHECK_EVERY=1 checks every op)");
     return "waiting for the GPU (the NCCL kernel never finished)";
   }
   void fail(std::exception_ptr error) override {
@@ -97,6 +103,9 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
   // What peers' status queries read: marked finished (seq) on completion.
   std::shared_ptr<mpi::CommProgress> status;
   uint64_t seq = 0;
+  // Inside an open window: its first op and the op that closes it (0: none).
+  uint64_t unchecked_from = 0;
+  uint64_t window_end = 0;
 
  private:
   // mu_ held.  Throws what the check found.
@@ -419,6 +428,10 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
       if (window->add(seq, comm::make_wire(r, seq), local_error != nullptr, &closed))
         work->check.reset(new mpi::WindowCheck(check, check_detail, std::move(closed),
                                                kOverlapOutcome));
+      else if (window->every() > 1) {
+        work->unchecked_from = window->open_first();
+        work->window_end = window->open_end();
+      }
       if (local_error && work->check) {
         // The peers enqueued this op already and it can never complete:
         // let them learn that this rank rejected it, then give up the
