@@ -252,4 +252,25 @@ TUTTI_API std::vector<CheckpointInfo> list_checkpoints(const std::string& dir);
 // the first problem found.
 TUTTI_API std::string verify_checkpoint(const std::string& path);
 
+// The memory tier (docs/checkpoint.md, "Memory tier"): this job's directory
+// in node-local shared memory (TUTTI_MEM_DIR, /dev/shm), where commits
+// outlive the process, so that a rank restarted on the same host reloads
+// them from RAM.  A CheckpointManager on `dir` writes and loads them.
+struct MemoryTier {
+  std::string dir;            // <TUTTI_MEM_DIR>/tutti-<uid>/<job>
+  std::string job;            // TUTTI_JOB_ID (tutti-run sets it), else SLURM_JOB_ID
+  uint64_t budget_bytes = 0;  // TUTTI_MEM_BUDGET_MB, else half the free space
+};
+// Local: opens (creates, or finds again after a restart) this job's
+// directory on this node and holds it until the process ends; first
+// removes this user's directories that no live process holds (killed jobs'
+// leftovers).  kInvalidArgument when no job id survives a restart (neither
+// TUTTI_JOB_ID nor SLURM_JOB_ID is set) or the per-user directory is not a
+// private directory of this user.
+TUTTI_API MemoryTier open_memory_tier();
+// Local: bytes the job's directory holds on this node now.
+TUTTI_API uint64_t memory_tier_used();
+// Local: removes the job's directory on this node (the job ended).
+TUTTI_API void remove_memory_tier();
+
 }  // namespace tutti

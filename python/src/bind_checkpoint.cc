@@ -315,6 +315,16 @@ void bind_checkpoint(pyb::module_& m) {
   }, pyb::arg("path"),
      "Local: '' when the checkpoint directory is valid (manifest, sizes, "
      "checksums), else the first problem.");
+  m.def("_open_memory_tier", [] {
+    const MemoryTier t = open_memory_tier();
+    pyb::dict d;
+    d["dir"] = t.dir;
+    d["job"] = t.job;
+    d["budget_bytes"] = t.budget_bytes;
+    return d;
+  }, "Local: this job's memory-tier directory on this node (open_memory_tier).");
+  m.def("_memory_tier_used", &memory_tier_used);
+  m.def("_remove_memory_tier", &remove_memory_tier);
   m.def("_close_checkpoint_managers", [] {
     std::vector<PyCheckpointManager*> all;
     {

@@ -12,6 +12,7 @@ import threading
 import time
 
 from . import hosts as H
+from . import memory
 from .journal import Journal, committed_step
 
 PREEMPTED = 75
@@ -213,7 +214,7 @@ class Runner:
         if now - self.usr1_sent < USR1_REPEAT_S or not catches(self.proc.pid, signal.SIGUSR1):
             return
         if self.usr1_count == 0:
-            self.step_at_notice = committed_step(self.opts["ckpt_dir"])
+            self.step_at_notice = self.progress_step()
         self.usr1_sent = now
         try:
             self.proc.send_signal(signal.SIGUSR1)
@@ -516,6 +517,22 @@ class Runner:
     # ---- the loop ------------------------------------------------------------
 
     def run(self):
+        # The memory tier keys the job's commits on its id (scripts/tutti_run/memory.py).
+        self.job = memory.job_id()
+        os.environ["TUTTI_JOB_ID"] = self.job
+        memory.sweep(self.job, log)
+        try:
+            return self.run_jobs()
+        finally:
+            memory.remove_job(self.job, log)
+
+    def progress_step(self):
+        """The committed step: <ckpt-dir>/latest, else the memory tier's on this host."""
+        if self.opts["ckpt_dir"]:
+            return committed_step(self.opts["ckpt_dir"])
+        return committed_step(memory.commits_dir(self.job))
+
+    def run_jobs(self):
         for sig in NOTICE_SIGNALS:
             signal.signal(sig, self.on_signal)
         os.environ.setdefault("TUTTI_EXIT_ON_COMM_FAILURE", "1")
@@ -555,7 +572,7 @@ class Runner:
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
             self.attempt = attempt
             cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
-            step_before = committed_step(self.opts["ckpt_dir"])
+            step_before = self.progress_step()
             self.usr1_wanted = False
             self.usr1_sent = -1e18
             self.usr1_count = 0
@@ -581,7 +598,7 @@ class Runner:
                 log(f"{len(left)} process(es) started by mpirun still running {SESSION_GRACE_S:g} s "
                     f"after it ended ({', '.join(sorted(set(left)))}): killed them")
             self.proc = None
-            step = committed_step(self.opts["ckpt_dir"])
+            step = self.progress_step()
             if self.forced is not None:
                 status = self.exit_status if isinstance(self.exit_status, int) else COMM_FAILURE
             else:

@@ -176,6 +176,15 @@ const std::vector<SettingInfo> kSettings = {
      "rank (StepCheckOptions::already_agreed) with one small all-reduce per "
      "step; a disagreement is an error naming the group."},
     // ---- checkpoints
+    {"TUTTI_MEM_DIR", "string", "/dev/shm",
+     "Memory tier of checkpoints (commits that survive a process restart on the same "
+     "host): node-local shared memory where each job keeps its commits, under "
+     "<dir>/tutti-<uid>/<job id> (0700; the job id is TUTTI_JOB_ID, which tutti-run sets, "
+     "else SLURM_JOB_ID)."},
+    {"TUTTI_MEM_BUDGET_MB", "int", "0",
+     "Most memory the memory tier may use on a node, in MiB; a commit that would "
+     "exceed it is not kept in memory (said once at WARN). 0: half the free space of "
+     "TUTTI_MEM_DIR when the job starts."},
     {"TUTTI_CKPT_DIR", "string", "",
      "Checkpoint directory a CheckpointManager uses when its options name none."},
     {"TUTTI_CKPT_KEEP", "int", "3",
@@ -221,9 +230,11 @@ const std::vector<SettingInfo> kSettings = {
      "Octal permissions of the checkpoint directories tutti creates (less "
      "the umask), e.g. 0750."},
     {"TUTTI_JOB_ID", "string", "",
-     "The job's name in a checkpoint directory's lock file (tutti.lock), "
-     "which a second job on the directory reports; empty: SLURM_JOB_ID, else "
-     "<host>:<pid> of rank 0."},
+     "The job's name: in a checkpoint directory's lock file (tutti.lock), "
+     "which a second job on the directory reports, and the key of the job's "
+     "memory-tier directory (TUTTI_MEM_DIR), which must stay the same across "
+     "restarts. tutti-run sets it (kept across its restarts) unless it is set; "
+     "empty: SLURM_JOB_ID, else <host>:<pid> of rank 0 (no memory tier)."},
     {"TUTTI_FAULT_INJECT", "string", "",
      "Testing only: <point>[:rank=R][:hit=K][:action=kill|fail|stall], "
      "comma-separated; kills this rank with SIGKILL (or fails or stalls it) "

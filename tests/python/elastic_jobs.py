@@ -274,3 +274,64 @@ def test_example_runs_under_tutti_run(tmp_path):
                sys.executable, example,
                "--epochs", "2"], env, 0)
     assert "size 2: epoch 0, batch 0" in log and "done: losses" in log, log[-3000:]
+
+
+def test_kill_resumes_from_the_memory_tier_without_a_checkpoint_dir(tmp_path, reference):
+    """No TUTTI_CKPT_DIR: commits go to the memory tier (TUTTI_MEM_DIR here
+    to look inside; /dev/shm by default).  Rank 1 dies before epoch 1 batch
+    4; tutti-run restarts the job, which resumes from the commit in memory
+    (epoch 1, batch 3) and ends bit-identical to the uninterrupted run.
+    tutti-run sees the progress there and removes the job's directory when
+    the run ends; a killed job's leftovers are swept at its start."""
+    mem = tmp_path / "mem"
+    mem.mkdir()
+    user = mem / f"tutti-{os.getuid()}"
+    # A job killed earlier left its commits: nothing holds them any more.
+    (user / "killed-job" / "commits").mkdir(parents=True, mode=0o700)
+    os.chmod(user, 0o700)
+    (user / "killed-job" / "owner.lock").write_text("")
+    env = job_env(tmp_path, ELASTIC_KILL="1:1:4", TUTTI_MEM_DIR=str(mem))
+    env.pop("TUTTI_CKPT_DIR")
+    env.pop("TUTTI_JOB_ID", None)
+    log = run([sys.executable, TUTTI_RUN, "--backoff", "0", "--max-restarts", "1", "--"]
+              + mpi_args(2, env)[1:], env, 0)
+    assert "failed with status 9" in log
+    assert "the committed step advanced to 3" in log, log[-3000:]
+    assert f"removed {user / 'killed-job'}" in log
+    ev = events(tmp_path)
+    starts = sorted((e["restart"], e["rank"], e["epoch"], e["batch"], e["commit"], e["position"])
+                    for e in ev if e["kind"] == "start")
+    assert starts == [(0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0),
+                      (1, 0, 1, 3, 3, 24), (1, 1, 1, 3, 3, 24)], starts
+    res = result(tmp_path)
+    assert_complete(res, 2)
+    assert res["weight"] == reference["weight"] and res["bias"] == reference["bias"]
+    assert not (tmp_path / "ckpt").exists()
+    assert os.listdir(user) == [], os.listdir(user)   # the job's directory is gone
+
+
+def test_memory_tier_over_budget_keeps_commits_in_process_only(tmp_path, reference):
+    """The job's memory-tier directory already holds more than
+    TUTTI_MEM_BUDGET_MB: no commit is written (said once), restore() still
+    works in-process, and after a killed rank the restarted job starts from
+    the beginning (a fresh start, warned), then completes."""
+    mem = tmp_path / "mem"
+    job = "budget-job"
+    ballast = mem / f"tutti-{os.getuid()}" / job
+    ballast.mkdir(parents=True, mode=0o700)
+    os.chmod(ballast.parent, 0o700)
+    (ballast / "ballast").write_bytes(b"\0" * (2 << 20))
+    env = job_env(tmp_path, ELASTIC_KILL="1:1:4", TUTTI_MEM_DIR=str(mem),
+                  TUTTI_MEM_BUDGET_MB="1", TUTTI_JOB_ID=job)
+    env.pop("TUTTI_CKPT_DIR")
+    log = run([sys.executable, TUTTI_RUN, "--backoff", "0", "--max-restarts", "1", "--"]
+              + mpi_args(2, env)[1:], env, 0)
+    assert log.count("over its budget of 1.0 MiB (TUTTI_MEM_BUDGET_MB)") == 2, log[-4000:]
+    ev = events(tmp_path)
+    starts = sorted((e["restart"], e["rank"], e["epoch"], e["batch"], e["commit"])
+                    for e in ev if e["kind"] == "start")
+    assert starts == [(0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (1, 0, 0, 0, 0), (1, 1, 0, 0, 0)], starts
+    res = result(tmp_path)
+    assert res["epoch"] == 3 and res["seen"] == [3.0] * et.N
+    assert res["weight"] == reference["weight"] and res["bias"] == reference["bias"]
+    assert not ballast.exists()

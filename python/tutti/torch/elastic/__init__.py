@@ -28,7 +28,9 @@ Horovod re-forms the job in-process; tutti checkpoints and restarts it
 
 * ``state.commit()`` keeps the state in memory (``restore()`` returns to
   it), writes it as a tutti checkpoint (TUTTI_CKPT_DIR or
-  ``configure(ckpt_dir=)``), then ``check_host_updates()``.
+  ``configure(ckpt_dir=)``; without either, to the memory tier: node-local
+  shared memory that a restart on the same host reloads), then
+  ``check_host_updates()``.
 * ``check_host_updates()`` raises ``HostsUpdatedInterrupt`` on every rank
   when tutti-run wrote ``$TUTTI_ELASTIC_DIR/resize-requested`` or a rank
   received a preemption notice (SIGUSR1 from tutti-run, cloud metadata, the

@@ -15,7 +15,7 @@ from ..mpi_ops import Max, allreduce
 
 # Settings of configure(); None: the default.
 _config = {"ckpt_dir": None, "keep_last": 0, "async_commit": False, "monitor": None}
-_objects = {"manager": None, "monitor": None}
+_objects = {"manager": None, "monitor": None, "memory_tier": None, "warned_budget": False}
 # Files older than this process (less a margin for clock skew between the
 # launcher's host and this one) were written for an earlier job.
 _STARTED = time.time()
@@ -50,19 +50,87 @@ def ckpt_dir():
     return _config["ckpt_dir"] or os.environ.get("TUTTI_CKPT_DIR", "")
 
 
+def memory_tier():
+    """Without a checkpoint directory, commits go to the memory tier: this
+    job's directory in the node's shared memory (docs/python_checkpoint.md,
+    "Elastic"), which a restart on the same host reloads from RAM.  Its
+    info dict, or raises why it cannot serve this job."""
+    if _objects["memory_tier"] is None:
+        if _C.local_size() != _C.size():
+            raise error(_C.InvalidArgumentError,
+                        "tutti.torch.elastic: no checkpoint directory for commits, and the job "
+                        f"spans several hosts ({_C.size()} ranks, {_C.local_size()} on this "
+                        "one): the memory tier restores commits on the host that made them, and "
+                        "copies to other hosts are not built yet (issue 28); set TUTTI_CKPT_DIR "
+                        "(tutti-run --ckpt-dir) to a directory every host sees, or call "
+                        "tutti.torch.elastic.configure(ckpt_dir=...)")
+        try:
+            _objects["memory_tier"] = _C._open_memory_tier()
+        except _C.InvalidArgumentError as e:
+            raise error(_C.InvalidArgumentError,
+                        f"tutti.torch.elastic: no checkpoint directory for commits, and the "
+                        f"memory tier cannot keep them: {e} (or set TUTTI_CKPT_DIR)") from e
+    return _objects["memory_tier"]
+
+
 def manager():
-    """The CheckpointManager commits go to (made on first use, collective)."""
+    """The CheckpointManager commits go to (made on first use, collective):
+    TUTTI_CKPT_DIR / configure(ckpt_dir=), else the memory tier."""
     if _objects["manager"] is None:
         path = ckpt_dir()
+        kwargs = {"keep_last": int(_config["keep_last"]),
+                  "async_save": bool(_config["async_commit"])}
         if not path:
-            raise error(_C.InvalidArgumentError,
-                        "tutti.torch.elastic: no checkpoint directory for commits: set "
-                        "TUTTI_CKPT_DIR (tutti-run --ckpt-dir) or call "
-                        "tutti.torch.elastic.configure(ckpt_dir=...)")
-        _objects["manager"] = _ckpt.CheckpointManager(
-            _C.world(), path, keep_last=int(_config["keep_last"]),
-            async_save=bool(_config["async_commit"]))
+            path = os.path.join(memory_tier()["dir"], "commits")
+            kwargs["keep_last"] = kwargs["keep_last"] or 1   # the next one is written beside it
+            # An empty memory tier after a restart (the host rebooted, or the
+            # job died before its first commit) can only start fresh; the
+            # durable tier's "history expected" refusal is for directories.
+            kwargs["fresh_start"] = _C.FreshStart.ALLOW
+        _objects["manager"] = _ckpt.CheckpointManager(_C.world(), path, **kwargs)
     return _objects["manager"]
+
+
+def commit_fits():
+    """Collective: True unless the memory tier's budget cannot hold another
+    commit (the job's directory now plus the newest commit's size, which the
+    next one needs beside it until it lands).  Said once at WARN."""
+    tier = _objects["memory_tier"]
+    if ckpt_dir() or tier is None:
+        return True
+    used = _C._memory_tier_used()
+    newest = 0
+    commits = os.path.join(tier["dir"], "commits")
+    infos = [i for i in _C.list_checkpoints(commits) if i["complete"]] \
+        if os.path.isdir(commits) else []
+    if infos:
+        for base, _, files in os.walk(infos[-1]["path"]):
+            newest += sum(os.path.getsize(os.path.join(base, f)) for f in files)
+    fits = 1 if used + newest <= tier["budget_bytes"] else 0
+    agreed = allreduce(torch.tensor([1 - fits], dtype=torch.int64), op=Max,
+                       name="tutti.elastic.memory_budget").item() == 0
+    if not agreed and not _objects["warned_budget"]:
+        _objects["warned_budget"] = True
+        if _C.rank() == 0:
+            log(f"the memory tier holds {used / 2**20:.1f} MiB in {tier['dir']} and the next "
+                f"commit needs about {newest / 2**20:.1f} MiB more, over its budget of "
+                f"{tier['budget_bytes'] / 2**20:.1f} MiB (TUTTI_MEM_BUDGET_MB): commits are "
+                "kept in this process only (restore() works; a restart resumes from the last "
+                "commit that fitted)")
+    return agreed
+
+
+def finish():
+    """The training function returned on every rank: the job's memory-tier
+    commits are not needed any more (removed once per host)."""
+    if _objects["memory_tier"] is not None and not ckpt_dir():
+        mgr = _objects["manager"]
+        if mgr is not None:
+            mgr.close()
+            _objects["manager"] = None
+        allreduce(torch.zeros(1), name="tutti.elastic.finish")  # every rank closed its manager
+        if _C.local_rank() == 0:
+            _C._remove_memory_tier()
 
 
 def monitor():

@@ -134,6 +134,7 @@ class State:
     def _finish(self):
         if _runtime._objects["manager"] is not None:
             _runtime.manager().wait()
+        _runtime.finish()
 
     # ---- subclass interface ---------------------------------------------------------
     def save(self):
@@ -210,6 +211,8 @@ class ObjectState(State):
 
     def _durable_save(self):
         mgr = _runtime.manager()
+        if not _runtime.commit_fits():
+            return
         meta = self._meta(mgr)
         _torch_ckpt.save(mgr, meta["commit"], rng=False, metadata=meta)
         if not _runtime._config["async_commit"]:
@@ -305,6 +308,8 @@ class TorchState(ObjectState):
 
     def _durable_save(self):
         mgr = _runtime.manager()
+        if not _runtime.commit_fits():
+            return
         meta = self._meta(mgr)
         position = {n: s.state_dict() for n, s in self._samplers().items()}
         _torch_ckpt.save(mgr, meta["commit"], model=self._model(), optimizer=self._optimizer(),
