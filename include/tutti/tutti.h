@@ -12,6 +12,7 @@
 #include "tutti/data_parallel.h"
 #include "tutti/device.h"
 #include "tutti/dtype.h"
+#include "tutti/elastic.h"
 #include "tutti/error.h"
 #include "tutti/log.h"
 #include "tutti/mesh.h"

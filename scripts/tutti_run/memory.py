@@ -33,9 +33,69 @@ def job_key(job):
     return f"job-{h:016x}"
 
 
+def root_dir():
+    return (os.environ.get("TUTTI_MEM_DIR") or "/dev/shm").rstrip("/") or "/"
+
+
 def user_dir():
-    root = (os.environ.get("TUTTI_MEM_DIR") or "/dev/shm").rstrip("/") or "/"
-    return os.path.join(root, f"tutti-{os.getuid()}")
+    return os.path.join(root_dir(), f"tutti-{os.getuid()}")
+
+
+def _private_user_dir(log):
+    """user_dir() when it is safe to work in: the root is sticky or not
+    writable by others (nobody can replace our entry), and the per-user
+    directory is a real directory of ours, 0700.  None (logged) otherwise:
+    never through a symlink or another user's directory."""
+    root, path = root_dir(), user_dir()
+    try:
+        rs = os.stat(root)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log(f"memory tier: cannot check {path}: {e.strerror}")
+        return None
+    if (rs.st_mode & stat.S_IWOTH) and not (rs.st_mode & stat.S_ISVTX):
+        log(f"memory tier: {root} is writable by every user without the sticky bit: not used")
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        log(f"memory tier: {path} is not a private directory of this user (a symbolic link, "
+            "another user's, or open to others): left alone")
+        return None
+    return path
+
+
+def hold(job, log):
+    """Creates the job's directory and holds it (flock LOCK_SH on owner.lock)
+    while tutti-run runs, so that no sweep on this host removes the job's
+    commits between two attempts.  The descriptor, or None (logged)."""
+    try:
+        os.mkdir(user_dir(), 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        log(f"memory tier: cannot create {user_dir()}: {e.strerror}")
+        return None
+    base = _private_user_dir(log)
+    if base is None:
+        return None
+    path = os.path.join(base, job_key(job))
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            log(f"memory tier: {path} is not a directory of this user: not held")
+            return None
+        fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+    except OSError as e:
+        log(f"memory tier: cannot hold {path}: {e.strerror}")
+        return None
 
 
 def commits_dir(job):
@@ -75,7 +135,9 @@ def _remove_if_unheld(path, young_s, log):
 def sweep(keep_job, log, young_s=60.0):
     """Removes this user's job directories that no live process holds,
     except keep_job's.  Returns the removed paths."""
-    base = user_dir()
+    base = _private_user_dir(log)
+    if base is None:
+        return []
     try:
         names = os.listdir(base)
     except OSError:
@@ -91,7 +153,10 @@ def sweep(keep_job, log, young_s=60.0):
 def remove_job(job, log):
     """The run ended: removes the job's directory unless a process still
     holds it.  True when it is gone."""
-    path = os.path.join(user_dir(), job_key(job))
+    base = _private_user_dir(log)
+    if base is None:
+        return True
+    path = os.path.join(base, job_key(job))
     if not os.path.lexists(path):
         return True
     gone = _remove_if_unheld(path, 0.0, log)

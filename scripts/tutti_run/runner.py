@@ -521,9 +521,14 @@ class Runner:
         self.job = memory.job_id()
         os.environ["TUTTI_JOB_ID"] = self.job
         memory.sweep(self.job, log)
+        # Held for the whole run (not only while ranks live), so that no sweep
+        # removes the job's commits between two attempts.
+        held = None if self.opts["ckpt_dir"] else memory.hold(self.job, log)
         try:
             return self.run_jobs()
         finally:
+            if held is not None:
+                os.close(held)
             memory.remove_job(self.job, log)
 
     def progress_step(self):

@@ -63,19 +63,17 @@ void own_private_dir(const std::string& path, bool fix_mode) {
   }
 }
 
-uint64_t tree_bytes(const std::string& path) {
+// TUTTI_MEM_DIR itself: a directory that other users cannot rename our
+// entries in (sticky, like /dev/shm and /tmp, or not writable by others),
+// else a planted symlink could stand in for our per-user directory.
+void check_root(const std::string& root) {
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return 0;
-  if (!S_ISDIR(st.st_mode)) return S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
-  uint64_t total = 0;
-  std::vector<std::string> names;
-  try {
-    names = list_dir(path);
-  } catch (const Error&) {
-    return 0;  // removed meanwhile
-  }
-  for (const std::string& n : names) total += tree_bytes(join_path(path, n));
-  return total;
+  TUTTI_ARG_CHECK(::stat(root.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "memory tier: "
+                  "TUTTI_MEM_DIR '", root, "' is not a directory");
+  TUTTI_ARG_CHECK(!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX), "memory tier: "
+                  "TUTTI_MEM_DIR '", root, "' is writable by every user without the sticky "
+                  "bit, so another user could replace this user's directory in it; use "
+                  "/dev/shm or a directory with mode 1777 or 0755");
 }
 
 std::string mib(uint64_t bytes) {
@@ -85,6 +83,21 @@ std::string mib(uint64_t bytes) {
 }
 
 }  // namespace
+
+uint64_t directory_bytes(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  if (!S_ISDIR(st.st_mode)) return S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  std::vector<std::string> names;
+  try {
+    names = list_dir(path);
+  } catch (const Error&) {
+    return 0;  // removed meanwhile
+  }
+  uint64_t total = 0;
+  for (const std::string& n : names) total += directory_bytes(join_path(path, n));
+  return total;
+}
 
 std::string memory_job_id() {
   std::string id = config::get_string("TUTTI_JOB_ID");
@@ -97,9 +110,9 @@ std::string memory_job_id() {
 
 std::string memory_job_key(const std::string& job) {
   bool plain = !job.empty() && job.size() <= 64 && job != "." && job != "..";
-  for (char c : job)
-    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-                      c == '-');
+  for (char c : job)  // ASCII only, whatever the locale (tutti-run computes the same)
+    plain = plain && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                      (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-');
   if (plain) return job;
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : job) h = (h ^ c) * 0x100000001b3ull;
@@ -117,8 +130,7 @@ std::shared_ptr<MemoryStore> MemoryStore::open(const MemoryStoreConfig& config) 
   const std::string job = config.job.empty() ? memory_job_id() : config.job;
   TUTTI_ARG_CHECK(!job.empty(), "memory tier: no job id that survives a restart (set "
                   "TUTTI_JOB_ID; tutti-run sets it, Slurm's SLURM_JOB_ID also serves)");
-  TUTTI_ARG_CHECK(is_directory(root), "memory tier: TUTTI_MEM_DIR '", root,
-                  "' is not a directory");
+  check_root(root);
   const std::string user = memory_user_dir(root);
   own_private_dir(user, /*fix_mode=*/false);
   const std::string key = memory_job_key(job);
@@ -171,7 +183,7 @@ MemoryStore::~MemoryStore() {
   if (fd_ >= 0) ::close(fd_);  // releases the hold
 }
 
-uint64_t MemoryStore::used() const { return tree_bytes(dir_); }
+uint64_t MemoryStore::used() const { return directory_bytes(dir_); }
 
 bool MemoryStore::fits(uint64_t more, std::string* why) const {
   const uint64_t now = used();
@@ -192,7 +204,14 @@ std::vector<std::string> sweep_stale(const std::string& root, const std::string&
   std::vector<std::string> names;
   try {
     user = memory_user_dir(root);
-    if (!is_directory(user)) return removed;
+    check_root(root_or_setting(root));
+    struct stat st;
+    if (::lstat(user.c_str(), &st) != 0) return removed;  // nothing made here yet
+    // Never through a symlink or another user's directory: ours, 0700 (in a
+    // root where others cannot replace it, nobody else can add entries).
+    TUTTI_ARG_CHECK(S_ISDIR(st.st_mode) && st.st_uid == ::getuid() && !(st.st_mode & 077),
+                    "'", user, "' is not a private directory of this user (a symbolic link, "
+                    "another user's, or open to others): not swept");
     names = list_dir(user);
   } catch (const Error& e) {
     TUTTI_LOG(kWarn) << "memory tier: sweep skipped: " << e.message();

@@ -79,6 +79,10 @@ class MemoryStore {
   int fd_ = -1;
 };
 
+// Bytes in regular files under `path` (0 for a missing one; entries removed
+// meanwhile are skipped).
+uint64_t directory_bytes(const std::string& path);
+
 // This user's per-user directory under `root` ("" : TUTTI_MEM_DIR).
 std::string memory_user_dir(const std::string& root = "");
 

@@ -140,6 +140,39 @@ TEST_F(MemoryStoreTest, PlantedOrForeignUserDirectoriesAreRefusedNotFollowed) {
   }
 }
 
+TEST_F(MemoryStoreTest, SweepNeverWorksThroughAPlantedPerUserDirectory) {
+  // Another user's link at tutti-<uid> pointing at this user's files: a
+  // sweep must not delete what lies behind it (nothing there holds a lock).
+  const std::string victim = root + "/victim";
+  make_dirs(victim + "/old-project", 0700);
+  struct timeval old[2] = {{std::time(nullptr) - 600, 0}, {std::time(nullptr) - 600, 0}};
+  ASSERT_EQ(::utimes((victim + "/old-project").c_str(), old), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), user.c_str()), 0);
+  EXPECT_TRUE(sweep_stale(root, "", 60).empty());
+  EXPECT_TRUE(is_directory(victim + "/old-project"));
+  // A per-user directory open to others is not swept either.
+  ASSERT_EQ(::unlink(user.c_str()), 0);
+  make_dirs(user + "/old-job", 0700);
+  ASSERT_EQ(::utimes((user + "/old-job").c_str(), old), 0);
+  ASSERT_EQ(::chmod(user.c_str(), 0777), 0);
+  EXPECT_TRUE(sweep_stale(root, "", 60).empty());
+  EXPECT_TRUE(is_directory(user + "/old-job"));
+  ASSERT_EQ(::chmod(user.c_str(), 0700), 0);
+  EXPECT_EQ(sweep_stale(root, "", 60).size(), 1u);
+}
+
+TEST_F(MemoryStoreTest, ARootOthersCanWriteWithoutTheStickyBitIsRefused) {
+  ASSERT_EQ(::chmod(root.c_str(), 0777), 0);
+  try {
+    MemoryStore::open(cfg("run-1"));
+    FAIL() << "a world-writable, non-sticky TUTTI_MEM_DIR was used";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sticky"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::chmod(root.c_str(), 01777), 0);
+  EXPECT_NO_THROW(MemoryStore::open(cfg("run-1")));
+}
+
 TEST_F(MemoryStoreTest, BudgetCountsWhatTheJobHolds) {
   auto s = MemoryStore::open(cfg("run-1", 1000));
   EXPECT_EQ(s->budget(), 1000u);

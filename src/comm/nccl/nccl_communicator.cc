@@ -78,10 +78,11 @@ class CudaWork : public comm::StagedWork, public comm::WatchedOp {
       return "agreeing on the operation with the other ranks";
     if (unchecked_from)
       return detail::cat("waiting for the GPU (the NCCL kernel never finished; ops #",
-                         unchecked_from, "-#", seq, " are not checked for agreement yet, "
-                         "their window's check comes with #", window_end,
-                         " (TUTTI_NCCL_CHECK_EVERY): ranks that issued different ops "
-                         "can hang here; TUTTI_NCCL_CHECK_EVERY=1 checks every op)");
+                         unchecked_from, "-#", seq, " are checked for agreement together "
+                         "with the ops up to #", window_end, ", by #", window_end,
+                         "'s check (TUTTI_NCCL_CHECK_EVERY): until it is submitted, ranks "
+                         "that issued different ops can hang here; TUTTI_NCCL_CHECK_EVERY=1 "
+                         "checks every op)");
     return "waiting for the GPU (the NCCL kernel never finished)";
   }
   void fail(std::exception_ptr error) override {
@@ -406,7 +407,11 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
       work->seq = seq;
     }
     std::exception_ptr local_error;
+    const bool window_checked = host && size > 1 && checked && !p2p;
     try {
+      // A bad TUTTI_NCCL_CHECK_EVERY fails like bad arguments: the
+      // communicator breaks (its peers would wait for this op otherwise).
+      if (window_checked && !window) window.reset(new comm::OpWindow(check_every(size)));
       comm::validate(r, rank, size, desc);
       check_p2p(r, rank, desc.str());
       if (r.kind != CollectiveKind::kBarrier) {
@@ -418,17 +423,17 @@ void NcclCommunicatorImpl::execute(const OpRequest& r, bool checked,
     } catch (const Error&) {
       local_error = std::current_exception();
     }
-    if (host && size > 1 && checked && !p2p) {
+    if (window_checked) {
       // Posted, not waited for: the NCCL call below is enqueued at once and
       // the watchdog (or a waiting thread) completes the check.
       // Ops are checked in windows (TUTTI_NCCL_CHECK_EVERY): only the op
       // that closes one carries the window's check.
-      if (!window) window.reset(new comm::OpWindow(check_every(size)));
+      // (No window: check_every() failed, local_error says why.)
       comm::OpWindowRecord closed;
-      if (window->add(seq, comm::make_wire(r, seq), local_error != nullptr, &closed))
+      if (window && window->add(seq, comm::make_wire(r, seq), local_error != nullptr, &closed))
         work->check.reset(new mpi::WindowCheck(check, check_detail, std::move(closed),
                                                kOverlapOutcome));
-      else if (window->every() > 1) {
+      else if (window && window->every() > 1) {
         work->unchecked_from = window->open_first();
         work->window_end = window->open_end();
       }

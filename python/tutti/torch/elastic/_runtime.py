@@ -64,12 +64,21 @@ def memory_tier():
                         "copies to other hosts are not built yet (issue 28); set TUTTI_CKPT_DIR "
                         "(tutti-run --ckpt-dir) to a directory every host sees, or call "
                         "tutti.torch.elastic.configure(ckpt_dir=...)")
+        # A failure on one rank (a bad directory, an I/O error) must not leave
+        # the others waiting in the first collective: agree, then raise.
+        tier, problem = None, None
         try:
-            _objects["memory_tier"] = _C._open_memory_tier()
-        except _C.InvalidArgumentError as e:
+            tier = _C._open_memory_tier()
+        except _C.Error as e:
+            problem = e
+        failed = allreduce(torch.tensor([0 if problem is None else 1], dtype=torch.int64),
+                           op=Max, name="tutti.elastic.memory_tier").item()
+        if failed:
+            why = str(problem) if problem is not None else "it failed on another rank (see its error)"
             raise error(_C.InvalidArgumentError,
                         f"tutti.torch.elastic: no checkpoint directory for commits, and the "
-                        f"memory tier cannot keep them: {e} (or set TUTTI_CKPT_DIR)") from e
+                        f"memory tier cannot keep them: {why} (or set TUTTI_CKPT_DIR)")
+        _objects["memory_tier"] = tier
     return _objects["memory_tier"]
 
 
@@ -91,22 +100,39 @@ def manager():
     return _objects["manager"]
 
 
-def commit_fits():
+def _tree_bytes(path):
+    total = 0
+    for base, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(base, f))
+            except OSError:
+                pass    # pruned meanwhile
+    return total
+
+
+def commit_fits(estimate=0):
     """Collective: True unless the memory tier's budget cannot hold another
-    commit (the job's directory now plus the newest commit's size, which the
-    next one needs beside it until it lands).  Said once at WARN."""
+    commit beside the ones it keeps: the job's directory now plus the larger
+    of the newest commit's size and `estimate` (the bytes of the state to be
+    saved, for the first commit).  Said once at WARN; the same verdict on
+    every rank (a local failure counts as "does not fit")."""
     tier = _objects["memory_tier"]
     if ckpt_dir() or tier is None:
         return True
-    used = _C._memory_tier_used()
-    newest = 0
-    commits = os.path.join(tier["dir"], "commits")
-    infos = [i for i in _C.list_checkpoints(commits) if i["complete"]] \
-        if os.path.isdir(commits) else []
-    if infos:
-        for base, _, files in os.walk(infos[-1]["path"]):
-            newest += sum(os.path.getsize(os.path.join(base, f)) for f in files)
-    fits = 1 if used + newest <= tier["budget_bytes"] else 0
+    used = newest = 0
+    try:
+        used = _C._memory_tier_used()
+        commits = os.path.join(tier["dir"], "commits")
+        infos = [i for i in _C.list_checkpoints(commits) if i["complete"]] \
+            if os.path.isdir(commits) else []
+        if infos:
+            newest = _tree_bytes(infos[-1]["path"])
+        newest = max(newest, int(estimate))
+        fits = 1 if used + newest <= tier["budget_bytes"] else 0
+    except (OSError, _C.Error) as e:
+        log(f"memory tier: cannot measure {tier['dir']}: {e}; this commit is not kept")
+        fits = 0
     agreed = allreduce(torch.tensor([1 - fits], dtype=torch.int64), op=Max,
                        name="tutti.elastic.memory_budget").item() == 0
     if not agreed and not _objects["warned_budget"]:

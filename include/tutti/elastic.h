@@ -1,0 +1,90 @@
+// Horovod elastic's loop for C++ training code (docs/elastic.md, "C++"):
+// commits that a restarted job resumes from, with no checkpoint directory
+// needed on one host (the memory tier), and a stop at a commit when a
+// preemption notice or tutti-run's resize request arrives.
+//
+//   tutti::ElasticState state(tutti::world(), {{"model", &model}, {"opt", &opt}});
+//   state.on_reset([&] { lr = base_lr * tutti::size(); });
+//   return tutti::elastic_run(state, [&](tutti::ElasticState& s) {
+//     for (int64_t step = s.step() + 1; step <= steps; ++step) {
+//       train_step();
+//       if (step % 10 == 0) s.commit(step, position_json);
+//     }
+//   });
+//
+// Run it under tutti-run: a killed rank ends the job and tutti-run starts it
+// again, which resumes from the last commit; a notice (SIGUSR1 from
+// tutti-run, a cloud's metadata, the trigger file) stops every rank at the
+// same commit with exit code 75, and tutti-run starts it again (at a new
+// size in elastic mode).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tutti/checkpoint.h"
+#include "tutti/export.h"
+#include "tutti/preemption.h"
+#include "tutti/process_group.h"
+
+namespace tutti {
+
+struct ElasticOptions {
+  // Where commits go: this directory, else TUTTI_CKPT_DIR, else the memory
+  // tier (node-local shared memory: a job on one host; open_memory_tier()).
+  std::string ckpt_dir;
+  // Commits kept; <= 0: TUTTI_CKPT_KEEP in a directory, 1 in the memory tier.
+  int keep_last = 0;
+  // The program's own PreemptionMonitor (one per process owns the signals);
+  // null: ElasticState makes one with the TUTTI_PREEMPT_* settings.
+  PreemptionMonitor* monitor = nullptr;
+};
+
+class TUTTI_API ElasticState {
+ public:
+  // Collective over `group`.  kInvalidArgument when no directory is set and
+  // the memory tier cannot serve the job (several hosts, no job id).
+  ElasticState(ProcessGroupPtr group, Components components, ElasticOptions options = {});
+  ~ElasticState();
+  ElasticState(const ElasticState&) = delete;
+  ElasticState& operator=(const ElasticState&) = delete;
+
+  // Collective: commits the components as checkpoint `step` with
+  // `metadata_json` (a JSON object: the data position, an epoch), written
+  // before it returns, then agrees on a stop notice.  Inside elastic_run a
+  // stop ends the process with exit code 75 after this commit.  In the
+  // memory tier, a commit over the budget (TUTTI_MEM_BUDGET_MB) is skipped
+  // on every rank, said once.
+  void commit(int64_t step, const std::string& metadata_json = "{}");
+  // Collective: the components go back to the last commit (loaded again;
+  // from RAM in the memory tier).  kInvalidArgument when nothing was
+  // committed or loaded yet.
+  void restore();
+  // The last commit's step and metadata (0 and "{}" before the first).
+  int64_t step() const;
+  const std::string& metadata() const;
+  // Where commits go.
+  const std::string& dir() const;
+  bool memory_tier() const;
+  // Called by elastic_run after a restart (TUTTI_RESTART_COUNT > 0) or when
+  // the commit was saved by another number of ranks, in registration order.
+  void on_reset(std::function<void()> callback);
+
+  class Impl;
+
+ private:
+  friend TUTTI_API int elastic_run(ElasticState&, const std::function<void(ElasticState&)>&);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs `train` once in this process: first loads the newest commit
+// (collective; none: a fresh start), calls the reset callbacks when the job
+// was restarted or resized, then train(state).  A stop agreed at a commit
+// ends the process with exit code 75 (exit_preempted(), after the commit
+// landed).  Returns 0 when `train` returns; the memory tier's commits are
+// then removed (the job is done).  Errors from `train` propagate.
+TUTTI_API int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& train);
+
+}  // namespace tutti

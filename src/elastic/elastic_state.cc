@@ -1,0 +1,193 @@
+// ElasticState and elastic_run (include/tutti/elastic.h): commits through a
+// CheckpointManager on the durable directory or the memory tier, a stop
+// agreed at each commit, reset callbacks after a restart or a resize.
+#include "tutti/elastic.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/memory_store.h"
+#include "core/check.h"
+#include "tutti/config.h"
+#include "tutti/log.h"
+
+namespace tutti {
+
+namespace {
+
+struct StopAtCommit {};  // thrown by commit() inside elastic_run
+
+// An all-reduce MAX of one int64 over `group`.
+int64_t agree_max(ProcessGroup& group, int64_t v, const char* name) {
+  group.allreduce(Tensor::of(&v, 1), ReduceOp::kMax, {name});
+  return v;
+}
+
+}  // namespace
+
+class ElasticState::Impl {
+ public:
+  Impl(ProcessGroupPtr g, Components c, ElasticOptions o)
+      : group(std::move(g)), components(std::move(c)), options(std::move(o)) {
+    TUTTI_ARG_CHECK(group != nullptr, "ElasticState: null process group");
+    CheckpointOptions co;
+    co.dir = options.ckpt_dir.empty() ? config::get_string("TUTTI_CKPT_DIR") : options.ckpt_dir;
+    co.keep_last = options.keep_last;
+    co.async = false;  // a commit has landed when commit() returns
+    if (co.dir.empty()) {
+      // The memory tier serves a job on one host (copies to peer hosts are
+      // not built yet): every rank decides alike from the group's sizes.
+      const int64_t hosts_differ =
+          agree_max(*group, local_size() != size() ? 1 : 0, "tutti.elastic.one_host");
+      TUTTI_ARG_CHECK(!hosts_differ, "ElasticState: no checkpoint directory for commits "
+                      "(ElasticOptions::ckpt_dir, TUTTI_CKPT_DIR), and the job spans several "
+                      "hosts: the memory tier restores commits on the host that made them, and "
+                      "copies to other hosts are not built yet (issue 28); set TUTTI_CKPT_DIR "
+                      "to a directory every host sees");
+      // Opened on every rank; a failure on one must not leave the others in
+      // the next collective: agree, then raise everywhere.
+      std::string problem;
+      try {
+        tier = open_memory_tier();
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+      if (agree_max(*group, problem.empty() ? 0 : 1, "tutti.elastic.memory_tier"))
+        TUTTI_THROW(kInvalidArgument, "ElasticState: no checkpoint directory for commits, and "
+                    "the memory tier cannot keep them: ",
+                    problem.empty() ? "it failed on another rank (see its error)" : problem,
+                    " (or set TUTTI_CKPT_DIR)");
+      co.dir = tier->dir + "/commits";
+      co.keep_last = options.keep_last > 0 ? options.keep_last : 1;
+      co.fresh_start = FreshStart::kAllow;  // an empty memory tier can only start fresh
+    }
+    manager.reset(new CheckpointManager(group, co));
+    if (!options.monitor) {
+      own_monitor.reset(new PreemptionMonitor());
+      options.monitor = own_monitor.get();
+    }
+  }
+
+  // Collective: whether the memory tier has room for one more commit beside
+  // the newest (the same verdict on every rank).
+  // The estimate: the larger of the newest commit's size and the bytes of
+  // the components' tensors (the first commit has no predecessor).  A local
+  // failure counts as "no room".
+  bool room_for_commit() {
+    if (!tier) return true;
+    uint64_t newest = 0, used = 0;
+    bool failed = false;
+    try {
+      for (auto& c : components)
+        for (const NamedTensor& nt : c.second->state_dict()) newest += nt.tensor.nbytes();
+      const auto all = list_checkpoints(manager->dir());
+      for (auto it = all.rbegin(); it != all.rend(); ++it) {
+        if (!it->complete) continue;
+        newest = std::max(newest, ckpt::directory_bytes(it->path));
+        break;
+      }
+      used = memory_tier_used();
+    } catch (const Error& e) {
+      TUTTI_LOG(kWarn) << "memory tier: cannot measure '" << tier->dir << "': " << e.message()
+                       << "; this commit is not kept";
+      failed = true;
+    }
+    const int64_t over = agree_max(
+        *group, failed || used + newest > tier->budget_bytes ? 1 : 0, "tutti.elastic.budget");
+    if (over && !warned_budget && group->rank() == 0)
+      TUTTI_LOG(kWarn) << "the memory tier holds " << (used >> 20) << " MiB in '" << tier->dir
+                       << "' and the next commit needs about " << (newest >> 20)
+                       << " MiB more, over its budget of " << (tier->budget_bytes >> 20)
+                       << " MiB (TUTTI_MEM_BUDGET_MB): commits are not kept (a restart "
+                          "resumes from the last commit that fitted)";
+    warned_budget = warned_budget || over;
+    return !over;
+  }
+
+  ProcessGroupPtr group;
+  Components components;
+  ElasticOptions options;
+  std::optional<MemoryTier> tier;
+  std::unique_ptr<CheckpointManager> manager;
+  std::unique_ptr<PreemptionMonitor> own_monitor;
+  std::vector<std::function<void()>> resets;
+  int64_t step = 0;
+  std::string metadata = "{}";
+  bool have_commit = false;
+  bool running = false;  // inside elastic_run
+  bool warned_budget = false;
+};
+
+ElasticState::ElasticState(ProcessGroupPtr group, Components components, ElasticOptions options)
+    : impl_(new Impl(std::move(group), std::move(components), std::move(options))) {}
+
+ElasticState::~ElasticState() = default;
+
+void ElasticState::commit(int64_t step, const std::string& metadata_json) {
+  Impl& s = *impl_;
+  if (s.room_for_commit()) {
+    s.manager->save(step, s.components, metadata_json);
+    s.manager->wait();
+    s.step = step;
+    s.metadata = metadata_json;
+    s.have_commit = true;
+  }
+  if (s.options.monitor->should_stop(*s.group) && s.running) {
+    if (s.group->rank() == 0)
+      TUTTI_LOG(kWarn) << "elastic: a stop notice was agreed at the commit of step " << step
+                       << ": exiting with " << kPreemptedExitCode
+                       << " so that tutti-run starts the job again";
+    throw StopAtCommit{};
+  }
+}
+
+void ElasticState::restore() {
+  Impl& s = *impl_;
+  TUTTI_ARG_CHECK(s.have_commit, "ElasticState::restore: nothing committed or loaded yet");
+  LoadOptions lo;
+  lo.step = s.step;
+  s.manager->load(s.components, lo);
+}
+
+int64_t ElasticState::step() const { return impl_->step; }
+const std::string& ElasticState::metadata() const { return impl_->metadata; }
+const std::string& ElasticState::dir() const { return impl_->manager->dir(); }
+bool ElasticState::memory_tier() const { return impl_->tier.has_value(); }
+void ElasticState::on_reset(std::function<void()> callback) {
+  impl_->resets.push_back(std::move(callback));
+}
+
+int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& train) {
+  ElasticState::Impl& s = *state.impl_;
+  const std::optional<LoadResult> r = s.manager->load(s.components);
+  if (r) {
+    s.step = r->step;
+    s.metadata = r->metadata_json;
+    s.have_commit = true;
+    if (s.group->rank() == 0)
+      TUTTI_LOG(kInfo) << "elastic: resumed from the commit of step " << r->step << " ("
+                       << r->saved_world_size << " ranks, now " << s.group->size() << ")";
+  }
+  if (config::get_int("TUTTI_RESTART_COUNT") > 0 || (r && r->saved_world_size != s.group->size()))
+    for (auto& cb : s.resets) cb();
+  s.running = true;
+  try {
+    train(state);
+  } catch (const StopAtCommit&) {
+    s.running = false;
+    s.manager.reset();  // closes the manager (its commit landed in commit())
+    exit_preempted();
+  }
+  s.running = false;
+  if (s.tier) {
+    s.manager.reset();
+    agree_max(*s.group, 0, "tutti.elastic.finish");  // every rank closed its manager
+    if (local_rank() == 0) remove_memory_tier();
+  }
+  return 0;
+}
+
+}  // namespace tutti
