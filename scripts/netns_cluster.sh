@@ -22,7 +22,8 @@
 #   rate R | none        replaces the limit on every link (none: unlimited).
 #   hosts [--per-host S] prints the mpiexec host list "ip:S,ip:S,..." (S=1).
 #   run [--np K] [--per-host S] -- CMD
-#                        mpiexec -np K (default N*S) with S ranks per host,
+#                        mpiexec -np K (default N*S) with S ranks per host
+#                        (the launcher TUTTI_MPIRUN names, else PATH's),
 #                        TCP only on the cluster subnet, ranks launched
 #                        through the rsh agent below; extra mpiexec options
 #                        may precede CMD after "--".
@@ -201,7 +202,7 @@ cmd_run() {
   local opts=()
   mapfile -t opts < <(mpi_options "$per_host")
   exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpiexec -np "$np" "${opts[@]}" "$@"
+    "${TUTTI_MPIRUN:-mpiexec}" -np "$np" "${opts[@]}" "$@"
 }
 
 cmd_status() {
