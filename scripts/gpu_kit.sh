@@ -298,7 +298,7 @@ export PATH=$KIT/bin:$PATH
 # Root in containers; oversubscription for np > cores on small machines
 # (Open MPI 4.1's variable and Open MPI 5's PRRTE one; each ignores the other).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=slot:oversubscribe
 EOF
 if [ "$KIT_MPI" = openmpi5 ]; then
 cat <<'EOF'
