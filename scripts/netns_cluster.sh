@@ -162,8 +162,15 @@ cmd_rsh() {
   # OpenMPI passes the remote command as words for a shell (like ssh).
   # (Images without the hostname tool: the UTS namespace's name is also
   # /proc/sys/kernel/hostname.)
-  exec ip netns exec "$ns" unshare --uts /bin/sh -c \
-    "{ hostname $ns || echo $ns > /proc/sys/kernel/hostname; } 2>/dev/null; $*"
+  # Not exec: like an ssh client, this process stays on the launching host
+  # (outside the namespace) and ends with the remote command's status, also
+  # when everything in the namespace is killed (a lost host): Open MPI 5's
+  # launcher then sees its agent fail (status 137) and fails the job; with
+  # the agent itself killed it ended the job with status 0.
+  local rc=0
+  ip netns exec "$ns" unshare --uts /bin/sh -c \
+    "{ hostname $ns || echo $ns > /proc/sys/kernel/hostname; } 2>/dev/null; $*" || rc=$?
+  exit $rc
 }
 
 cmd_exec() {
