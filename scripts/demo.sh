@@ -21,6 +21,13 @@ BUILD=${TUTTI_BUILD_DIR:-build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 scripts/install_deps.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  ${TUTTI_MPI_HOME:+-DTUTTI_MPI_HOME="$TUTTI_MPI_HOME"} \
   -DCMAKE_CUDA_ARCHITECTURES="${TUTTI_CUDA_ARCHITECTURES:-90}" > /dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target dp_train
+# tutti-run starts the mpirun of the MPI dp_train was built against (Open
+# MPI 5 in .venv by default, docs/install.md), not whichever is on PATH.
+if [ -z "${TUTTI_MPIRUN:-}" ]; then
+  TUTTI_MPIRUN=$(sed -n 's/^MPIEXEC_EXECUTABLE:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+  export TUTTI_MPIRUN=${TUTTI_MPIRUN:-mpirun}
+fi
 exec .venv/bin/python scripts/demo.py --build "$BUILD" "$@"

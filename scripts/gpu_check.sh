@@ -93,7 +93,7 @@ PHASE=start
 
 export TUTTI_CHECK_DEVICE=1   # the device-discipline switch (docs/architecture.md)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=slot:oversubscribe
 export PYTHONUNBUFFERED=1
 
 # ---- the clock and the budget ------------------------------------------------

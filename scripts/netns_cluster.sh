@@ -22,7 +22,8 @@
 #   rate R | none        replaces the limit on every link (none: unlimited).
 #   hosts [--per-host S] prints the mpiexec host list "ip:S,ip:S,..." (S=1).
 #   run [--np K] [--per-host S] -- CMD
-#                        mpiexec -np K (default N*S) with S ranks per host,
+#                        mpiexec -np K (default N*S) with S ranks per host
+#                        (the launcher TUTTI_MPIRUN names, else PATH's),
 #                        TCP only on the cluster subnet, ranks launched
 #                        through the rsh agent below; extra mpiexec options
 #                        may precede CMD after "--".
@@ -161,8 +162,15 @@ cmd_rsh() {
   # OpenMPI passes the remote command as words for a shell (like ssh).
   # (Images without the hostname tool: the UTS namespace's name is also
   # /proc/sys/kernel/hostname.)
-  exec ip netns exec "$ns" unshare --uts /bin/sh -c \
-    "{ hostname $ns || echo $ns > /proc/sys/kernel/hostname; } 2>/dev/null; $*"
+  # Not exec: like an ssh client, this process stays on the launching host
+  # (outside the namespace) and ends with the remote command's status, also
+  # when everything in the namespace is killed (a lost host): Open MPI 5's
+  # launcher then sees its agent fail (status 137) and fails the job; with
+  # the agent itself killed it ended the job with status 0.
+  local rc=0
+  ip netns exec "$ns" unshare --uts /bin/sh -c \
+    "{ hostname $ns || echo $ns > /proc/sys/kernel/hostname; } 2>/dev/null; $*" || rc=$?
+  exit $rc
 }
 
 cmd_exec() {
@@ -201,7 +209,7 @@ cmd_run() {
   local opts=()
   mapfile -t opts < <(mpi_options "$per_host")
   exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpiexec -np "$np" "${opts[@]}" "$@"
+    "${TUTTI_MPIRUN:-mpiexec}" -np "$np" "${opts[@]}" "$@"
 }
 
 cmd_status() {

@@ -147,7 +147,10 @@ MPIRUN_VALUES = {"--mca": 2, "-mca": 2, "--gmca": 2, "-gmca": 2, "-x": 1, "--map
                  "-map-by": 1, "--bind-to": 1, "-bind-to": 1, "--rank-by": 1, "-rank-by": 1,
                  "--npernode": 1, "-npernode": 1, "--npersocket": 1, "--wdir": 1, "-wdir": 1,
                  "--prefix": 1, "--output-filename": 1, "--cpus-per-proc": 1, "--tune": 1,
-                 "--am": 1, "--path": 1, "--preload-files": 1, "--report-bindings": 0}
+                 "--am": 1, "--path": 1, "--preload-files": 1, "--report-bindings": 0,
+                 # Open MPI 5 (PRRTE)
+                 "--prtemca": 2, "-prtemca": 2, "--pmixmca": 2, "-pmixmca": 2,
+                 "--with-ft": 1, "--output": 1, "--runtime-options": 1}
 
 
 def die(msg):

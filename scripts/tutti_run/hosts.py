@@ -201,17 +201,22 @@ def probe_command(given, mpi_args, log):
 
 
 def rsh_agent(mpi_args):
-    """The agent mpirun will use: --mca plm_rsh_agent X in the arguments,
-    else OMPI_MCA_plm_rsh_agent, else ssh (OpenMPI's default 'ssh : rsh');
-    None inside a Slurm allocation when none is set."""
+    """The agent mpirun will use: --mca plm_rsh_agent X in the arguments
+    (Open MPI 5's PRRTE: plm_ssh_agent, prte_ssh_agent, or --prtemca),
+    else OMPI_MCA_plm_rsh_agent / PRTE_MCA_plm_ssh_agent, else ssh (Open
+    MPI's default 'ssh : rsh'); None inside a Slurm allocation when none is
+    set."""
     agent = None
     for i, a in enumerate(mpi_args[:-2]):
-        if a in ("--mca", "-mca", "--gmca", "-gmca") and mpi_args[i + 1] in (
-                "plm_rsh_agent", "orte_rsh_agent", "pls_rsh_agent"):
+        if a in ("--mca", "-mca", "--gmca", "-gmca", "--prtemca", "-prtemca") and mpi_args[i + 1] in (
+                "plm_rsh_agent", "orte_rsh_agent", "pls_rsh_agent",
+                "plm_ssh_agent", "prte_ssh_agent", "pls_ssh_agent"):
             agent = mpi_args[i + 2]
     if agent is None:
         agent = (os.environ.get("OMPI_MCA_plm_rsh_agent") or
-                 os.environ.get("OMPI_MCA_orte_rsh_agent"))
+                 os.environ.get("OMPI_MCA_orte_rsh_agent") or
+                 os.environ.get("PRTE_MCA_plm_ssh_agent") or
+                 os.environ.get("PRTE_MCA_prte_ssh_agent"))
     if agent is None and os.environ.get("SLURM_JOB_ID"):
         return None
     agent = agent or "ssh"

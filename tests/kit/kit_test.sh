@@ -45,8 +45,17 @@ for lib in libmpi.so libopenblas.so libcurl.so libtutti.so; do
   resolve "$KIT/build/examples/quickstart/quickstart" "$lib"
 done
 resolve "$KIT/build/tests/preemption/test_preemption" libcurl.so
-resolve "$KIT/bin/orterun" libopen-rte.so
-resolve "$KIT/lib/openmpi3/mca_btl_vader.so" libopen-pal.so  # a plugin, dlopened
+# The launcher and the MPI runtime of the MPI the build used: Open MPI 5
+# (PRRTE's prterun and prted; components built into its libraries) or 4.1
+# (orterun; plugins dlopened from lib/openmpi3).
+if [ -e "$KIT/bin/prterun" ]; then
+  resolve "$KIT/bin/prterun" libprrte.so
+  resolve "$KIT/bin/prted" libpmix.so
+  resolve "$KIT/lib/libmpi.so.40" libopen-pal.so
+else
+  resolve "$KIT/bin/orterun" libopen-rte.so
+  resolve "$KIT/lib/openmpi3/mca_btl_vader.so" libopen-pal.so  # a plugin, dlopened
+fi
 [ $fail = 0 ] || exit 1
 
 # 2. The tests from the kit's ctest files, with the system's copies hidden.
@@ -55,6 +64,9 @@ TESTS='^(test_amp_multirank_np2|test_dp_reduce_np2|test_tp_linear_np2|test_preem
 # it runs through the loader with the kit's libraries on a path that only
 # that process sees (an environment variable would reach the tests too).
 LOADER=$(ldd /bin/sh | awk '/ld-linux/ {print $1}')
+# The build's own MPI prefix (Open MPI 5 in the project venv): its libraries,
+# launcher and help files are hidden too.
+MPI_PREFIX=$(dirname "$(dirname "$(realpath "$(sed -n 's/^TUTTI_MPIEXEC:FILEPATH=//p' "$BUILD/CMakeCache.txt")")")")
 CTEST="$LOADER --library-path $KIT/lib $(command -v ctest)"
 cat > "$WORK/run.sh" <<RUN
 set -euo pipefail
@@ -63,15 +75,17 @@ if [ "\$hide" = 1 ]; then
   mkdir -p "$WORK/empty.d"; : > "$WORK/empty.f"
   n=0
   for f in "$KIT"/lib/*.so*; do
-    for d in /usr/lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/local/lib; do
+    for d in /usr/lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/local/lib \
+             "$MPI_PREFIX/lib" "$MPI_PREFIX/lib/openmpi"; do
       [ -e "\$d/\$(basename "\$f")" ] || continue
       mount --bind "$WORK/empty.f" "\$(realpath "\$d/\$(basename "\$f")")"; n=\$((n + 1))
     done
   done
-  for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /usr/share/openmpi /etc/openmpi; do
+  for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /usr/share/openmpi /etc/openmpi \
+           "$MPI_PREFIX/share/openmpi" "$MPI_PREFIX/share/prte" "$MPI_PREFIX/share/pmix"; do
     [ -d "\$d" ] && mount --bind "$WORK/empty.d" "\$d" && n=\$((n + 1))
   done
-  for b in /usr/bin/orterun /usr/bin/orted; do
+  for b in /usr/bin/orterun /usr/bin/orted "$MPI_PREFIX/bin/prterun" "$MPI_PREFIX/bin/prted"; do
     [ -e "\$b" ] && mount --bind "$WORK/empty.f" "\$(realpath "\$b")" && n=\$((n + 1))
   done
   echo "[kit_test] hid \$n system files and folders (libmpi, libopenblas, libcurl, OpenMPI's plugins ...)"
