@@ -14,7 +14,7 @@ foreach(spec "8;8" "16;8" "16;2")
   list(GET spec 0 np)
   list(GET spec 1 fanout)
   add_test(NAME scale_status_np${np}_fanout${fanout}
-    COMMAND ${TUTTI_MPIEXEC} --oversubscribe --bind-to none -np ${np}
+    COMMAND ${PROJECT_SOURCE_DIR}/tests/common/launch.sh ${TUTTI_MPIEXEC} --oversubscribe --bind-to none -np ${np}
             $<TARGET_FILE:test_status_tree> --gtest_filter=${_status_cases})
   set_tests_properties(scale_status_np${np}_fanout${fanout} PROPERTIES TIMEOUT 120
     LABELS "scale;np${np}" PROCESSORS 2
