@@ -270,6 +270,12 @@ struct MemoryTier {
 TUTTI_API MemoryTier open_memory_tier();
 // Local: bytes the job's directory holds on this node now.
 TUTTI_API uint64_t memory_tier_used();
+// Local: whether the budget holds one more commit beside what the job holds
+// now: the larger of the newest complete commit in `commits_dir` and
+// `state_bytes` (the tensors about to be saved; a first commit has no
+// predecessor).  *why says why not.  false before open_memory_tier().
+TUTTI_API bool memory_tier_has_room(const std::string& commits_dir, uint64_t state_bytes,
+                                    std::string* why);
 // Local: removes the job's directory on this node (the job ended).
 TUTTI_API void remove_memory_tier();
 

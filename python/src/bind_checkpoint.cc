@@ -323,7 +323,11 @@ void bind_checkpoint(pyb::module_& m) {
     d["budget_bytes"] = t.budget_bytes;
     return d;
   }, "Local: this job's memory-tier directory on this node (open_memory_tier).");
-  m.def("_memory_tier_used", &memory_tier_used);
+  m.def("_memory_tier_has_room", [](const std::string& commits_dir, uint64_t state_bytes) {
+    std::string why;
+    const bool room = memory_tier_has_room(commits_dir, state_bytes, &why);
+    return pyb::make_tuple(room, why);
+  }, "Local: (room, why): memory_tier_has_room.");
   m.def("_remove_memory_tier", &remove_memory_tier);
   m.def("_close_checkpoint_managers", [] {
     std::vector<PyCheckpointManager*> all;

@@ -6,7 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <cctype>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -163,7 +163,6 @@ std::shared_ptr<MemoryStore> MemoryStore::open(const MemoryStoreConfig& config) 
   std::shared_ptr<MemoryStore> s(new MemoryStore());
   s->dir_ = dir;
   s->job_ = job;
-  s->key_ = key;
   s->fd_ = fd;
   s->budget_ = config.budget_bytes;
   if (!s->budget_) s->budget_ = static_cast<uint64_t>(config::get_int("TUTTI_MEM_BUDGET_MB")) << 20;
@@ -270,6 +269,25 @@ MemoryTier open_memory_tier() {
 uint64_t memory_tier_used() {
   std::lock_guard<std::mutex> lock(g_tier_mu);
   return tier() ? tier()->used() : 0;
+}
+
+bool memory_tier_has_room(const std::string& commits_dir, uint64_t state_bytes,
+                          std::string* why) {
+  uint64_t more = state_bytes;
+  if (ckpt::is_directory(commits_dir)) {
+    const auto all = list_checkpoints(commits_dir);
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (!it->complete) continue;
+      more = std::max(more, ckpt::directory_bytes(it->path));
+      break;
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_tier_mu);
+  if (!tier()) {
+    if (why) *why = "the memory tier is not open (open_memory_tier)";
+    return false;
+  }
+  return tier()->fits(more, why);
 }
 
 void remove_memory_tier() {

@@ -12,7 +12,7 @@
 //
 // Isolation: the per-user directory is 0700 and must be a real directory
 // owned by this user (/dev/shm is world-writable: a symlink or another
-// user's directory planted there is refused, never followed); the job's
+// user's directory planted there is refused, never worked through); the job's
 // directory is named after the job (TUTTI_JOB_ID, which tutti-run keeps
 // across its restarts, else SLURM_JOB_ID), so two jobs on one node never
 // read each other's commits.  Files are 0600 (CheckpointOptions' modes).
@@ -74,7 +74,7 @@ class MemoryStore {
 
  private:
   MemoryStore() = default;
-  std::string dir_, job_, key_;
+  std::string dir_, job_;
   uint64_t budget_ = 0;
   int fd_ = -1;
 };

@@ -3,13 +3,11 @@
 // agreed at each commit, reset callbacks after a restart or a resize.
 #include "tutti/elastic.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
-#include "checkpoint/memory_store.h"
 #include "core/check.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -73,36 +71,26 @@ class ElasticState::Impl {
 
   // Collective: whether the memory tier has room for one more commit beside
   // the newest (the same verdict on every rank).
-  // The estimate: the larger of the newest commit's size and the bytes of
-  // the components' tensors (the first commit has no predecessor).  A local
-  // failure counts as "no room".
+  // Collective: whether the memory tier holds one more commit
+  // (memory_tier_has_room), the same verdict on every rank; a local failure
+  // counts as "no room".  Said once, on rank 0.
   bool room_for_commit() {
     if (!tier) return true;
-    uint64_t newest = 0, used = 0;
-    bool failed = false;
+    std::string why;
+    bool room = false;
     try {
+      uint64_t state_bytes = 0;
       for (auto& c : components)
-        for (const NamedTensor& nt : c.second->state_dict()) newest += nt.tensor.nbytes();
-      const auto all = list_checkpoints(manager->dir());
-      for (auto it = all.rbegin(); it != all.rend(); ++it) {
-        if (!it->complete) continue;
-        newest = std::max(newest, ckpt::directory_bytes(it->path));
-        break;
-      }
-      used = memory_tier_used();
+        for (const NamedTensor& nt : c.second->state_dict()) state_bytes += nt.tensor.nbytes();
+      room = memory_tier_has_room(manager->dir(), state_bytes, &why);
     } catch (const Error& e) {
-      TUTTI_LOG(kWarn) << "memory tier: cannot measure '" << tier->dir << "': " << e.message()
-                       << "; this commit is not kept";
-      failed = true;
+      why = detail::cat("cannot measure '", tier->dir, "': ", e.message());
     }
-    const int64_t over = agree_max(
-        *group, failed || used + newest > tier->budget_bytes ? 1 : 0, "tutti.elastic.budget");
+    const int64_t over = agree_max(*group, room ? 0 : 1, "tutti.elastic.budget");
     if (over && !warned_budget && group->rank() == 0)
-      TUTTI_LOG(kWarn) << "the memory tier holds " << (used >> 20) << " MiB in '" << tier->dir
-                       << "' and the next commit needs about " << (newest >> 20)
-                       << " MiB more, over its budget of " << (tier->budget_bytes >> 20)
-                       << " MiB (TUTTI_MEM_BUDGET_MB): commits are not kept (a restart "
-                          "resumes from the last commit that fitted)";
+      TUTTI_LOG(kWarn) << (why.empty() ? "another rank has no room in its memory tier" : why)
+                       << ": commits are not kept (a restart resumes from the last commit "
+                          "that fitted)";
     warned_budget = warned_budget || over;
     return !over;
   }

@@ -100,48 +100,26 @@ def manager():
     return _objects["manager"]
 
 
-def _tree_bytes(path):
-    total = 0
-    for base, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(base, f))
-            except OSError:
-                pass    # pruned meanwhile
-    return total
-
-
 def commit_fits(estimate=0):
     """Collective: True unless the memory tier's budget cannot hold another
-    commit beside the ones it keeps: the job's directory now plus the larger
-    of the newest commit's size and `estimate` (the bytes of the state to be
-    saved, for the first commit).  Said once at WARN; the same verdict on
-    every rank (a local failure counts as "does not fit")."""
+    commit beside the ones it keeps (memory_tier_has_room: the job's
+    directory now plus the larger of the newest commit's size and
+    `estimate`, the bytes of the state to be saved).  Said once at WARN; the
+    same verdict on every rank (a local failure counts as "does not fit")."""
     tier = _objects["memory_tier"]
     if ckpt_dir() or tier is None:
         return True
-    used = newest = 0
     try:
-        used = _C._memory_tier_used()
-        commits = os.path.join(tier["dir"], "commits")
-        infos = [i for i in _C.list_checkpoints(commits) if i["complete"]] \
-            if os.path.isdir(commits) else []
-        if infos:
-            newest = _tree_bytes(infos[-1]["path"])
-        newest = max(newest, int(estimate))
-        fits = 1 if used + newest <= tier["budget_bytes"] else 0
-    except (OSError, _C.Error) as e:
-        log(f"memory tier: cannot measure {tier['dir']}: {e}; this commit is not kept")
-        fits = 0
-    agreed = allreduce(torch.tensor([1 - fits], dtype=torch.int64), op=Max,
+        fits, why = _C._memory_tier_has_room(os.path.join(tier["dir"], "commits"), int(estimate))
+    except _C.Error as e:
+        fits, why = False, f"cannot measure {tier['dir']}: {e}"
+    agreed = allreduce(torch.tensor([0 if fits else 1], dtype=torch.int64), op=Max,
                        name="tutti.elastic.memory_budget").item() == 0
     if not agreed and not _objects["warned_budget"]:
         _objects["warned_budget"] = True
         if _C.rank() == 0:
-            log(f"the memory tier holds {used / 2**20:.1f} MiB in {tier['dir']} and the next "
-                f"commit needs about {newest / 2**20:.1f} MiB more, over its budget of "
-                f"{tier['budget_bytes'] / 2**20:.1f} MiB (TUTTI_MEM_BUDGET_MB): commits are "
-                "kept in this process only (restore() works; a restart resumes from the last "
+            log(f"{why or 'another rank has no room in its memory tier'}: commits are kept "
+                "in this process only (restore() works; a restart resumes from the last "
                 "commit that fitted)")
     return agreed
 
