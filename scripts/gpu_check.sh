@@ -30,7 +30,9 @@
 #   python     the gpu-labelled Python ctests (tutti._C built here for this
 #              python3; a missing pytest/torch/numpy is a failure, not a skip;
 #              pytest comes from the kit's wheels where the image lacks it)
-#   bench      kernels vs a D2D copy, snapshot vs pinned D2H, TP layers vs
+#   bench      kernels vs a D2D copy, what a recovery costs on a GPU (context,
+#              NCCL init/abort/shrink, loads from /dev/shm and disk), snapshot
+#              vs pinned D2H, TP layers vs
 #              torch.nn.Linear, unscale vs torch, gpu_cnn; whatever time is left
 #
 # Which ctests: `ctest -N -L gpu`, less those labelled multi_gpu (NCCL at
@@ -504,6 +506,9 @@ else
   B=$CTEST_DIR
   bench kernels 60 mpirun -np 1 "$B/bench/gpu/bench_gpu_kernels" --sizes 1M,16M,64M --reps 5 \
     --tsv "$WORK/kernels.tsv"
+  bench recovery 45 mpirun -np 1 "$B/bench/gpu/bench_gpu_recovery" --mb 256,1024 --reps 5 \
+    --dirs "/dev/shm/tutti-bench-recovery,$WORK/recovery"
+  rm -rf /dev/shm/tutti-bench-recovery "$WORK/recovery"
   bench snapshot 30 mpirun -np 1 "$B/bench/gpu/bench_gpu_snapshot" --dir "$WORK/snap"
   rm -rf "$WORK/snap"
   bench tp_mlp 25 mpirun -np 1 "$B/bench/tensor_parallel/bench_tp_mlp" --device cuda \
