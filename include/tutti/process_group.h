@@ -34,6 +34,9 @@ struct InitOptions {
 // initialised, tutti cooperates: it duplicates MPI_COMM_WORLD and never
 // finalises MPI.  Either way MPI must grant MPI_THREAD_MULTIPLE (tutti's
 // threads call MPI): below it, Error(kUnsupported) naming both levels.
+// A SIGPIPE left at its default is ignored from init() on (as Python does):
+// Open MPI 5's TCP transport writes to sockets of peers that are gone, and
+// the signal killed ranks in MPI_Finalize; a program's own handler is kept.
 TUTTI_API void init(const InitOptions& options = {});
 // Waits for outstanding operations, stops tutti's threads and releases its
 // communicators.  Idempotent.  After a timeout made a communicator unusable

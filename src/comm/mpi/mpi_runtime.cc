@@ -1,5 +1,7 @@
 #include "comm/mpi/mpi_runtime.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -165,8 +167,33 @@ constexpr const char* kLibnbcAllreduceVar = "OMPI_MCA_coll_libnbc_iallreduce_alg
 
 }  // namespace
 
+namespace {
+
+// Open MPI 5's TCP transport writes to sockets whose peer has already
+// closed them: in MPI_Finalize (mca_btl_tcp_endpoint_close ->
+// mca_btl_tcp_send_blocking, seen on the netns rig about once in 25 2-rank
+// runs: the slower rank died of SIGPIPE after its work was done) and,
+// under ULFM, after a peer died.  With SIGPIPE at its default the process
+// is killed instead of the write failing, so tutti ignores it where the
+// program left it at the default (as Python does at start-up); a handler
+// or an ignore the program set is kept.
+void ignore_default_sigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) != 0) return;
+  if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  if (sigaction(SIGPIPE, &ign, nullptr) == 0)
+    TUTTI_LOG(kDebug) << "SIGPIPE ignored (it was at its default): a socket write to a "
+                         "gone peer fails instead of killing the process";
+}
+
+}  // namespace
+
 InitState initialize() {
   InitState s;
+  ignore_default_sigpipe();
   // Open MPI's non-blocking all-reduce (coll/libnbc, what tutti's large
   // MPI_Iallreduce runs on; small ones fold into the agreement check)
   // picks a binomial tree below 4 ranks and for in-place buffers: reduce to
