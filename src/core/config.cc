@@ -266,11 +266,10 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_HTTP_TIMEOUT_MS", "int", "500",
      "Timeout of one metadata-endpoint request."},
     // ---- launcher
-    {"TUTTI_MPI", "string", "system",
-     "Read by scripts/install_deps.sh only: the MPI it provides, system "
-     "(Debian's Open MPI 4.1; the default until the suite runs clean on Open "
-     "MPI 5) or openmpi5 (PyPI's Open MPI 5 with ULFM, into .venv, where CMake "
-     "finds it; docs/install.md)."},
+    {"TUTTI_MPI", "string", "openmpi5",
+     "Read by scripts/install_deps.sh only: the MPI it provides, openmpi5 "
+     "(PyPI's Open MPI 5 with ULFM, into .venv, where CMake finds it) or "
+     "system (Debian's Open MPI 4.1 only; docs/install.md)."},
     {"TUTTI_MPI_HOME", "string", "",
      "Read by scripts/test.sh and scripts/demo.sh only: passed to CMake as "
      "-DTUTTI_MPI_HOME, the prefix of the MPI to build against (its "
