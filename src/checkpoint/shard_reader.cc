@@ -18,7 +18,9 @@ namespace tutti {
 namespace ckpt {
 namespace {
 
-constexpr uint64_t kChunk = 16ull << 20;   // verification read size (not mapped)
+// Verification read size per thread (not mapped): small, since each thread
+// holds one pooled (pinned, kept) buffer of it.
+constexpr uint64_t kChunk = 4ull << 20;
 constexpr uint64_t kStaging = 64ull << 20;  // staging buffer for scattered host runs
 constexpr uint64_t kDirect = 1ull << 20;    // host runs this large skip staging
 constexpr uint64_t kJob = 8ull << 20;       // one thread's share of a large copy
