@@ -90,13 +90,15 @@ TEST(LoadWorkers, CountFollowsTheSetting) {
 TEST(MappedFile, OnlyFilesInRamAreMapped) {
   std::string bytes(100000, '\0');
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 3);
+  auto w = world();
+  // One file per rank: a file rewritten under another rank's mapping would
+  // be SIGBUS there (mapped_file.h).
   auto map_of = [&](const std::string& dir) {
-    const std::string p = dir + "/f";
+    const std::string p = dir + "/f" + std::to_string(w->rank());
     test::write_text(p, bytes);
     ckpt::File f = ckpt::File::open_read(p);
     return ckpt::MappedFile::map_if_in_ram(f.fd(), f.size());  // outlives the fd
   };
-  auto w = world();
   ScratchDir disk(w);
   struct statfs fs {};
   ASSERT_EQ(::statfs(disk.path().c_str(), &fs), 0);
