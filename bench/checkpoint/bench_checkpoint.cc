@@ -14,6 +14,11 @@
 //       mpirun forwards it) at a random moment inside a training step; the
 //       ranks stop at the next step boundary, save N MiB each and wait for
 //       the commit.  Target: 1 GiB per rank within 10 s.
+//   bench_checkpoint load [--dir D] [--mb N] [--tensors T] [--reps K]
+//       load_latest of N MiB of host state in T float32 tensors (default 8),
+//       saved once into D (/dev/shm: the memory tier's medium), against a
+//       plain memcpy of the same bytes into the same tensors and the
+//       xxHash64 rate over them, measured in the same run.
 // Each figure is the median of the repetitions.
 #include <signal.h>
 #include <unistd.h>
@@ -69,7 +74,7 @@ struct State : Stateful {
 
 struct Args {
   std::string mode, dir = "/tmp/tutti-bench";
-  int max_mb = 1024, mb = 1024, reps = 3;
+  int max_mb = 1024, mb = 1024, reps = 3, tensors = 8;
 };
 
 bool g_direct = true;  // --direct-io 0 compares with buffered writes
@@ -237,6 +242,57 @@ void bench_notice(const Args& a) {
                 a.mb, w->size(), median(lat), *std::max_element(lat.begin(), lat.end()));
 }
 
+// T equal float32 tensors of N MiB in all (bench_gpu_recovery's layout).
+struct Flat : Stateful {
+  std::vector<std::vector<float>> ts;
+  Flat(size_t bytes, int n) {
+    for (int i = 0; i < n; ++i) {
+      ts.emplace_back(bytes / static_cast<size_t>(n) / sizeof(float));
+      std::mt19937 g(static_cast<unsigned>(i));
+      for (auto& x : ts.back()) x = static_cast<float>(g()) * 1e-9f;
+    }
+  }
+  StateDict state_dict() override {
+    StateDict out;
+    for (size_t i = 0; i < ts.size(); ++i)
+      out.push_back({"t" + std::to_string(i), Tensor::of(ts[i]), {}});
+    return out;
+  }
+};
+
+void bench_load(const Args& a) {
+  const size_t bytes = static_cast<size_t>(a.mb) << 20;
+  Flat s(bytes, a.tensors);
+  Flat src(bytes, a.tensors);  // the memcpy's source, as the files' bytes
+  CheckpointOptions o = opts(a.dir + "/load", false);
+  o.fresh_start = FreshStart::kAllow;
+  CheckpointManager m(world(), o);
+  m.save(1, {{"model", &s}});
+  std::vector<double> load, copy, hash;
+  uint64_t acc = 0;
+  for (int r = 0; r < a.reps; ++r) {
+    auto t0 = Clock::now();
+    if (m.load_latest({{"model", &s}}) != 1) std::fprintf(stderr, "load failed\n");
+    load.push_back(secs(t0, Clock::now()));
+    t0 = Clock::now();
+    for (size_t i = 0; i < s.ts.size(); ++i)
+      std::memcpy(s.ts[i].data(), src.ts[i].data(), s.ts[i].size() * sizeof(float));
+    copy.push_back(secs(t0, Clock::now()));
+    t0 = Clock::now();
+    for (auto& t : src.ts) acc ^= XXH64(t.data(), t.size() * sizeof(float), 0);
+    hash.push_back(secs(t0, Clock::now()));
+  }
+  if (acc == 42) std::printf(" ");
+  const double l = median(load), c = median(copy), h = median(hash);
+  const double gb = static_cast<double>(bytes) / 1e9;
+  std::printf("| state | directory | load_latest ms | GB/s | memcpy ms | xxh64 ms "
+              "| load / memcpy | load / (memcpy + xxh64) |\n"
+              "|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| %d MiB in %d tensors | %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f |\n",
+              a.mb, a.tensors, a.dir.c_str(), l * 1e3, gb / l, c * 1e3, h * 1e3, l / c,
+              l / (c + h));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,6 +304,7 @@ int main(int argc, char** argv) {
     else if (k == "--max-mb") a.max_mb = std::stoi(v);
     else if (k == "--mb") a.mb = std::stoi(v);
     else if (k == "--reps") a.reps = std::stoi(v);
+    else if (k == "--tensors") a.tensors = std::max(1, std::stoi(v));
     else if (k == "--direct-io") g_direct = v != "0";
   }
   tutti::init();
@@ -256,7 +313,8 @@ int main(int argc, char** argv) {
   if (a.mode == "blocking") bench_blocking(a);
   else if (a.mode == "throughput") bench_throughput(a);
   else if (a.mode == "notice") bench_notice(a);
-  else std::fprintf(stderr, "usage: bench_checkpoint blocking|throughput|notice [...]\n");
+  else if (a.mode == "load") bench_load(a);
+  else std::fprintf(stderr, "usage: bench_checkpoint blocking|throughput|notice|load [...]\n");
   world()->barrier();
   if (world()->rank() == 0) ckpt::remove_tree(a.dir);
   tutti::shutdown();

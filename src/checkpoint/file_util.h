@@ -57,6 +57,7 @@ class File {
   void close();
   const std::string& path() const { return path_; }
   bool is_open() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
 
  private:
   File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}

@@ -11,6 +11,7 @@
 #include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/load_plan.h"
+#include "checkpoint/load_workers.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/node_share.h"
 #include "checkpoint/problem_report.h"
@@ -124,27 +125,29 @@ std::vector<int> verifiers_in_node(const OpenedCheckpoint& ckpt, ProcessGroup& c
 // piece this rank will read, and the shards assigned to it round-robin, so
 // that each shard is verified in full by some rank.
 void verify(const OpenedCheckpoint& ckpt, const LoadPlan& plan, int rank, int world,
-            int node_rank, ShardFiles& files, HostBufferPool& pool) {
+            int node_rank, ShardFiles& files, HostBufferPool& pool, LoadWorkers& workers) {
   std::set<int> whole;
   if (!ckpt.indexed) {
     // Older manifests: whole shards, those read and those assigned.
     whole = plan.shards_read;
     for (int s = rank; s < static_cast<int>(ckpt.shards.size()); s += world) whole.insert(s);
-    for (int s : whole) verify_shard_data(ckpt, s, files, pool);
+    for (int s : whole) verify_shard_data(ckpt, s, files, pool, workers);
     return;
   }
   int k = 0;
   for (int s = 0; s < static_cast<int>(ckpt.shards.size()); ++s)
     if (ckpt.record_of[static_cast<size_t>(s)] >= 0 && k++ % world == rank) whole.insert(s);
-  for (int s : whole) verify_shard_data(ckpt, s, files, pool);
+  for (int s : whole) verify_shard_data(ckpt, s, files, pool, workers);
   std::set<std::pair<int, uint64_t>> done;
+  std::map<int, std::vector<const StoredTensor*>> pieces;  // per shard, in plan order
   for (const PlanItem& item : plan.items)
     for (const PieceCopies& src : item.sources) {
       const bool mine = src.reader < 0 ? !src.check_in_place : src.reader == node_rank;
       if (!mine || whole.count(src.shard) || !done.insert({src.shard, src.piece->begin}).second)
         continue;
-      verify_piece(src.shard, *src.piece, files, pool);
+      pieces[src.shard].push_back(src.piece);
     }
+  for (const auto& kv : pieces) verify_pieces(kv.first, kv.second, files, pool, workers);
 }
 
 }  // namespace
@@ -236,6 +239,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
     }
   }
 
+  LoadWorkers workers(LoadWorkers::count_for(node ? node->size() : 1));
   std::vector<std::string> reasons;
   bool touched = false;
   for (const auto& jn : list["names"]) {
@@ -274,7 +278,8 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
             assign_node_reads(&plan, ckpt, stored, verifiers_in_node(ckpt, comm, *node),
                               node_agree->size());
           files = std::make_unique<ShardFiles>(ckpt, &stats);
-          verify(ckpt, plan, rank, world, node_agree ? node_agree->rank() : 0, *files, pool);
+          verify(ckpt, plan, rank, world, node_agree ? node_agree->rank() : 0, *files, pool,
+                 workers);
         }
       } catch (const Error& e) {
         if (status == kOk) {
@@ -287,7 +292,7 @@ std::optional<LoadResult> load_checkpoint(ProcessGroup& comm, const std::string&
         // Verified everywhere: now write into the destination tensors.
         touched = true;
         try {
-          execute_plan(ckpt, plan, stored, *files, pool);
+          execute_plan(ckpt, plan, stored, *files, pool, workers);
         } catch (const Error& e) {
           status = classify(e);
           reason = e.message();
@@ -363,8 +368,10 @@ std::string verify_checkpoint_dir(const std::string& path, HostBufferPool& pool)
     ReadStats stats;
     OpenedCheckpoint c = open_checkpoint(path, &stats);
     ShardFiles files(c, &stats);
+    LoadWorkers workers(LoadWorkers::count_for(1));
     for (int s = 0; s < static_cast<int>(c.shards.size()); ++s)
-      if (c.record_of[static_cast<size_t>(s)] >= 0) verify_shard_data(c, s, files, pool);
+      if (c.record_of[static_cast<size_t>(s)] >= 0)
+        verify_shard_data(c, s, files, pool, workers);
     return "";
   } catch (const Error& e) {
     return e.message();

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <cstring>
+
 #include "checkpoint/safetensors.h"
 #include "checkpoint/untrusted_json.h"
 #include "core/check.h"
@@ -94,6 +96,7 @@ ShardFiles::Slot& ShardFiles::slot(int s) {
       sl.data_start = ckpt_.shards[static_cast<size_t>(s)].data_start;
       checked_[s] = sl.data_start;
     }
+    sl.map = MappedFile::map_if_in_ram(sl.file.fd(), sl.file.size());
     it = open_.emplace(s, std::move(sl)).first;
   }
   it->second.used = ++clock_;
@@ -102,11 +105,44 @@ ShardFiles::Slot& ShardFiles::slot(int s) {
 
 void ShardFiles::open(int s) { slot(s); }
 
+ShardView ShardFiles::view(int s) {
+  Slot& sl = slot(s);
+  ShardView v;
+  v.file = &sl.file;
+  v.data_start = sl.data_start;
+  if (sl.map.mapped() && sl.map.size() >= sl.data_start) {
+    v.map = sl.map.data() + sl.data_start;
+    v.data_bytes = sl.map.size() - sl.data_start;
+  }
+  return v;
+}
+
+void ShardFiles::count_read(uint64_t n) {
+  if (stats_) stats_->bytes_read += n;
+}
+
 void ShardFiles::read(int s, void* dst, uint64_t n, uint64_t offset) {
   if (n == 0) return;
-  Slot& sl = slot(s);
-  sl.file.pread_all(dst, static_cast<size_t>(n), sl.data_start + offset);
-  if (stats_) stats_->bytes_read += n;
+  view(s).read(dst, n, offset);
+  count_read(n);
+}
+
+const unsigned char* ShardView::at(uint64_t offset, uint64_t n) const {
+  if (!map) return nullptr;
+  if (offset > data_bytes || n > data_bytes - offset)
+    TUTTI_THROW(kCorrupt, "'", file->path(), "' ends at byte ", data_start + data_bytes,
+                " but bytes up to ", data_start + offset + n,
+                " were expected (truncated file)");
+  return map + offset;
+}
+
+void ShardView::read(void* dst, uint64_t n, uint64_t offset) const {
+  if (n == 0) return;
+  if (const unsigned char* p = at(offset, n)) {
+    std::memcpy(dst, p, static_cast<size_t>(n));
+    return;
+  }
+  file->pread_all(dst, static_cast<size_t>(n), data_start + offset);
 }
 
 }  // namespace ckpt

@@ -4,8 +4,9 @@
 // it reads, each once.  For a checkpoint planned from the manifest's index
 // the first open also checks the file against the manifest: its size and
 // header checksum, and every piece its header describes against the index
-// (name, dtype, shape, placement, offsets, checksum).  Counts the files
-// opened and the bytes read (ReadStats).
+// (name, dtype, shape, placement, offsets, checksum).  A shard on tmpfs is
+// mapped after those checks (mapped_file.h) and read from the mapping.
+// Counts the files opened and the bytes read (ReadStats).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +14,25 @@
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/load_plan.h"
+#include "checkpoint/mapped_file.h"
 
 namespace tutti {
 namespace ckpt {
+
+// One open shard's data region, for reads from several threads at once.
+// Valid until its ShardFiles opens another shard (which may close this one)
+// or ends; reads through it are not counted (ShardFiles::count_read).
+struct ShardView {
+  const File* file = nullptr;
+  const unsigned char* map = nullptr;  // the data region when mapped
+  uint64_t data_start = 0;
+  uint64_t data_bytes = 0;  // from data_start to the end of the file
+  // Copies n bytes at `offset` of the data region (memcpy from the mapping
+  // or pread); kCorrupt past the end of the file, kIo for read errors.
+  void read(void* dst, uint64_t n, uint64_t offset) const;
+  // Those bytes in place when mapped (kCorrupt past the end), else nullptr.
+  const unsigned char* at(uint64_t offset, uint64_t n) const;
+};
 
 class ShardFiles {
  public:
@@ -31,10 +48,15 @@ class ShardFiles {
   // file ends first, kIo for read errors.
   void read(int s, void* dst, uint64_t n, uint64_t offset);
   const std::string& path(int s) const;
+  // Opens shard s if needed; its data region for reads from several threads.
+  ShardView view(int s);
+  // Counts bytes read through a ShardView (ReadStats::bytes_read).
+  void count_read(uint64_t n);
 
  private:
   struct Slot {
     File file;
+    MappedFile map;
     uint64_t data_start = 0;
     uint64_t used = 0;
   };

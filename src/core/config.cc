@@ -212,6 +212,14 @@ const std::vector<SettingInfo> kSettings = {
      "writes; replicated state of T MiB is spread over min(ranks, T / "
      "chunk) writers (all of it on rank 0 below one chunk). Must agree "
      "across ranks."},
+    {"TUTTI_CKPT_LOAD_THREADS", "int", "0",
+     "Threads a checkpoint load hashes and copies with (the calling thread "
+     "included); 0: the machine's cores shared among the node's ranks, at "
+     "most 8."},
+    {"TUTTI_CKPT_LOAD_MMAP", "bool", "1",
+     "A checkpoint load maps shards that lie on tmpfs (/dev/shm, the memory "
+     "tier) and hashes and copies from the mapping instead of reading them "
+     "into buffers; 0 reads them with pread, as from disk."},
     {"TUTTI_CKPT_VERIFY_REPLICAS", "string", "sample",
      "Once layout: how a save checks that replicated tensors are identical "
      "on every rank before writing one copy (a tensor that differs is "

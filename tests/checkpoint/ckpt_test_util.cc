@@ -16,11 +16,11 @@
 namespace tutti {
 namespace test {
 
-ScratchDir::ScratchDir(const ProcessGroupPtr& g) : group_(g) {
+ScratchDir::ScratchDir(const ProcessGroupPtr& g, const std::string& root) : group_(g) {
   std::vector<uint8_t> buf(256, 0);
   if (g->rank() == 0) {
-    char tmpl[] = "/tmp/tutti-ckpt-test-XXXXXX";
-    if (!mkdtemp(tmpl)) std::abort();
+    std::string tmpl = root + "/tutti-ckpt-test-XXXXXX";
+    if (tmpl.size() >= buf.size() || !mkdtemp(&tmpl[0])) std::abort();
     std::string p(tmpl);
     std::copy(p.begin(), p.end(), buf.begin());
   }

@@ -15,11 +15,12 @@
 namespace tutti {
 namespace test {
 
-// Collective: a fresh directory under /tmp, the same path on every rank;
-// removed by the last reference on rank 0.
+// Collective: a fresh directory under `root` (/tmp; /dev/shm for the
+// memory tier's medium), the same path on every rank; removed by the last
+// reference on rank 0.
 class ScratchDir {
  public:
-  explicit ScratchDir(const ProcessGroupPtr& g);
+  explicit ScratchDir(const ProcessGroupPtr& g, const std::string& root = "/tmp");
   ~ScratchDir();
   const std::string& path() const { return path_; }
   std::string sub(const std::string& name) const { return path_ + "/" + name; }
