@@ -22,12 +22,13 @@ committed its first step, waits until it has, and the wait is reported):
                 later they are SIGKILLed, as the VM would be.
   kill@T        SIGKILL of one rank (chosen by the seed among the running
                 ranks, pids from the files the job writes)
-  host@T        SIGKILL of every rank on one host (needs several hosts:
-                not supported yet, see --hosts)
+  host@T        a lost host: SIGKILL of every process in one netns host
+                (`ip netns pids`: its ranks and Open MPI's daemon; needs
+                --hosts); the namespace stays, so the host returns at once
   random[:P]    one event in each P s of the run (default 60), at a uniform
                 time in the middle 60 % of its window, the kind drawn from
-                notice and kill, a notice's warning from 30 s and 120 s (the
-                issue's); fixed by --seed
+                notice and kill (and host on the rig), a notice's warning
+                from 30 s and 120 s (the issue's); fixed by --seed
 
 Per mode: wall time (tutti-run start to exit), the final committed step,
 restarts (tutti-run attempts - 1), in-process recoveries (training function
@@ -73,7 +74,7 @@ KINDS = ("notice", "kill", "host")
 
 
 # ---- the trace ---------------------------------------------------------------------------
-def parse_events(spec, seed, horizon, warning):
+def parse_events(spec, seed, horizon, warning, kinds=("notice", "kill")):
     """'notice@20:30,kill@45' or 'random[:P]' -> sorted [{kind, at, warning}]."""
     if not spec or spec == "none":
         return []
@@ -82,7 +83,7 @@ def parse_events(spec, seed, horizon, warning):
         rng = random.Random(seed)
         out = []
         for k in range(int(horizon // period)):
-            out.append({"kind": rng.choice(("notice", "kill")),
+            out.append({"kind": rng.choice(kinds),
                         "at": round(period * (k + rng.uniform(0.2, 0.8)), 1),
                         "warning": rng.choice((30.0, 120.0))})
         return out
@@ -197,7 +198,19 @@ def stop(proc, out):
             os.kill(int(pid), signal.SIGKILL)
 
 
-def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi):
+def rig_args(prefix, per_host):
+    """The mpiexec options and namespaces of netns rig `prefix`."""
+    script = os.path.join(ROOT, "scripts", "netns_cluster.sh")
+    p = subprocess.run([script, "mpiargs", "--prefix", prefix, "--per-host", str(per_host)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"--hosts {prefix}: {p.stderr.strip()}")
+    args = p.stdout.split("\n")[:-1]
+    hosts = args[args.index("--host") + 1].split(",")
+    return {"args": args, "slots": len(hosts) * per_host, "prefix": prefix}
+
+
+def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=None):
     out = os.path.join(work, mode)
     os.makedirs(out)
     env = {k: v for k, v in os.environ.items()
@@ -210,6 +223,8 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi):
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    if a.ckpt_dir:
+        env["TUTTI_CKPT_DIR"] = os.path.join(a.ckpt_dir, mode)
     events = [dict(e) for e in trace] if mode != "none" else []
     cmd = [python, TUTTI_RUN, "--mpirun", mpirun, "--backoff", str(a.backoff),
            "--max-restarts", str(len(events) + 2), "--"] + extra_mpi + [
@@ -265,9 +280,19 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi):
             host = rng.choice(sorted({r["host"] for r in ranks}))
             victims = [r for r in ranks if r["host"] == host]
             e["host"], e["ranks"] = host, [r["rank"] for r in victims]
-            sig = signal.SIGUSR1 if e["kind"] == "notice" else signal.SIGKILL
+            if e["kind"] == "host":
+                # Everything in the host's network namespace (its name is the
+                # ranks' host name on the rig).
+                pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True,
+                                      text=True).stdout.split()
+                e["processes"] = len(pids)
+                for p in pids:
+                    try:
+                        os.kill(int(p), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             for r in victims:
-                os.kill(r["pid"], sig)
+                os.kill(r["pid"], signal.SIGUSR1 if e["kind"] == "notice" else signal.SIGKILL)
             if e["kind"] == "notice":
                 e["hard_killed"] = 0
                 hard_kills.append({"at": now + e["warning"], "pids": [r["pid"] for r in victims],
@@ -386,9 +411,14 @@ def main():
                     help="'notice@20:30,kill@45,...' or 'random[:PERIOD]' (default random:60)")
     ap.add_argument("--warning", type=float, default=30, help="a notice's default warning, s")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--hosts", default=None,
-                    help="netns rig hosts (not supported yet: one host only)")
+    ap.add_argument("--np", type=int, default=None,
+                    help="ranks (default 2; on the rig hosts x S)")
+    ap.add_argument("--hosts", default=None, metavar="PREFIX[:S]",
+                    help="run on the netns rig PREFIX (scripts/netns_cluster.sh up N "
+                    "--prefix PREFIX, made beforehand), S ranks per host (1); needs --ckpt-dir")
+    ap.add_argument("--ckpt-dir", default=None,
+                    help="commit to DIR/<mode> (TUTTI_CKPT_DIR) instead of the memory tier: "
+                    "needed on several hosts (the memory tier is one host's for now)")
     ap.add_argument("--step-s", type=float, default=0.5, help="a step's time before its "
                     "all-reduce (compute + sleep)")
     ap.add_argument("--params", type=int, default=1 << 20, help="float32 model parameters")
@@ -415,17 +445,23 @@ def main():
     a = ap.parse_args()
     if bool(a.duration) == bool(a.steps):
         ap.error("give one of --duration and --steps")
+    rig = None
     if a.hosts:
-        ap.error("--hosts: the netns rig is not supported yet (lost hosts need a multi-host "
-                 "memory tier; see bench/RESULTS.md, 'Spot trace')")
+        if not a.ckpt_dir:
+            ap.error("--hosts needs --ckpt-dir: the memory tier keeps commits on one host")
+        prefix, _, per = a.hosts.partition(":")
+        rig = rig_args(prefix, int(per or 1))
+        a.np = a.np or rig["slots"]
+    a.np = a.np or 2
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
         ap.error(f"--modes: unknown {bad}; choose from {MODES}")
     horizon = a.duration or a.steps * a.step_s
-    trace = parse_events(a.events, a.seed, horizon, a.warning)
-    if any(e["kind"] == "host" for e in trace):
-        ap.error("host@T needs several hosts (--hosts), not supported yet")
+    trace = parse_events(a.events, a.seed, horizon, a.warning,
+                         KINDS if rig else ("notice", "kill"))
+    if rig is None and any(e["kind"] == "host" for e in trace):
+        ap.error("host@T needs several hosts (--hosts)")
     pythonpath = a.pythonpath
     if pythonpath is None:
         built = os.path.join(ROOT, "build", "python_pkg")
@@ -447,7 +483,9 @@ def main():
         print(f"[spot_trace] mode {m}: running ({a.duration or a.steps} "
               f"{'s' if a.duration else 'steps'}, {len(trace) if m != 'none' else 0} events)",
               file=sys.stderr, flush=True)
-        results[m] = run_mode(m, a, trace, work, mpirun, python, pp, extra)
+        if rig:
+            extra = extra + rig["args"]
+        results[m] = run_mode(m, a, trace, work, mpirun, python, pp, extra, rig)
     base_tff = step_time(results["none"]["records"]) if "none" in results else None
     for m, r in results.items():
         analyse(r, base_tff or step_time(r["records"]))
