@@ -44,8 +44,10 @@ failure are not counted twice.  "vs none" divides by the `none` mode's goodput.
 
 Per event: the time from the failure (the signal) to the next completed step
 of the job that came after it (a new tutti-run attempt, or a new entry of the
-training function after an in-process recovery), the step that job resumed
-from, and the steps recomputed (the highest step completed before the
+training function after an in-process recovery), and of that, the time to
+the new processes' start (a restart) and to the commit loaded (the training
+function entered); for a notice, to the stop step's commit; the step that job
+resumed from, and the steps recomputed (the highest step completed before the
 failure minus the step resumed from).
 
   bench/spot/spot_trace.py --duration 90 --np 2 --events notice@20,kill@45 \\
@@ -302,7 +304,13 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
     log.poll()
     with open(os.path.join(out, "tutti-run.log")) as f:
         tail = f.read()[-3000:]
-    return {"mode": mode, "start": start, "end": end, "status": proc.returncode,
+    pids = []
+    for name in sorted(os.listdir(os.path.join(out, "pids"))) if os.path.isdir(
+            os.path.join(out, "pids")) else []:
+        if name.endswith(".json") and not name.startswith("."):
+            with open(os.path.join(out, "pids", name)) as f:
+                pids.append(json.load(f))
+    return {"mode": mode, "start": start, "end": end, "status": proc.returncode, "ranks": pids,
             "killed_by_bench": ended_by,
             "records": log.records, "events": events, "unfired": len(pending),
             "log_tail": tail, "command": cmd}
@@ -343,6 +351,10 @@ def analyse(res, t_ff):
         new_start = next((r for r in starts if r["t"] > e["fired"] and job_of(r) != job), None)
         old_done = [r["step"] for r in done if job_of(r) == job]
         e["next_step_s"] = nxt["t"] - e["fired"] if nxt else None
+        e["resumed_s"] = new_start["t"] - e["fired"] if new_start else None
+        procs = [p["process_t"] for p in res["ranks"]
+                 if new_start and p["restart"] == new_start["restart"] and p["restart"] > job[0]]
+        e["new_processes_s"] = min(procs) - e["fired"] if procs else None
         e["resumed_from"] = new_start["step"] if new_start else None
         e["recovered"] = (None if new_start is None else
                           "in-process" if new_start["restart"] == job[0] else "restart")
@@ -380,13 +392,14 @@ def table(results, unavailable, base):
             f"{fmt(rel, '.1%')} | {r['restarts']} | {r['inprocess_recoveries']} | "
             f"{r['recomputed']} | {fired}/{len(r['events'])} |")
     lines += ["", "| mode | event | at s (waited) | ranks | recovered by | failure -> next "
-              "completed step s | notice -> stop commit s | resumed from | steps recomputed |",
-              "|---|---|---:|---|---|---:|---:|---:|---:|"]
+              "completed step s | of which: new processes s | commit loaded s "
+              "| notice -> stop commit s | resumed from | steps recomputed |",
+              "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for m in MODES:
         for e in results.get(m, {}).get("events", []):
             if "fired" not in e:
                 lines.append(f"| {m} | {e['kind']} | {e['at']:.0f} | not fired (run ended) "
-                             "| | | | | |")
+                             "| | | | | | | |")
                 continue
             kind = e["kind"] + (f" ({e['warning']:.0f} s warning"
                                 + (", hard-killed" if e.get("hard_killed") else "") + ")"
@@ -394,7 +407,8 @@ def table(results, unavailable, base):
             lines.append(
                 f"| {m} | {kind} | {e['at']:.0f} ({e['deferred_s']:.1f}) | "
                 f"{','.join(map(str, e['ranks']))} | {e['recovered'] or '—'} | "
-                f"{fmt(e['next_step_s'])} | {fmt(e.get('notice_to_commit_s'))} | "
+                f"{fmt(e['next_step_s'])} | {fmt(e['new_processes_s'])} | "
+                f"{fmt(e['resumed_s'])} | {fmt(e.get('notice_to_commit_s'))} | "
                 f"{fmt(e['resumed_from'], 'd')} | {fmt(e['recomputed'], 'd')} |")
     return "\n".join(lines)
 
