@@ -25,6 +25,8 @@ committed its first step, waits until it has, and the wait is reported):
   host@T        a lost host: SIGKILL of every process in one netns host
                 (`ip netns pids`: its ranks and Open MPI's daemon; needs
                 --hosts); the namespace stays, so the host returns at once
+  link@T[:D]    a cut link: the host's veth on the rig's bridge is set down
+                for D s (default 60), then up again (needs --hosts)
   random[:P]    one event in each P s of the run (default 60), at a uniform
                 time in the middle 60 % of its window, the kind drawn from
                 notice and kill (and host on the rig), a notice's warning
@@ -72,7 +74,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 JOB = os.path.join(HERE, "spot_job.py")
 TUTTI_RUN = os.path.join(ROOT, "scripts", "tutti-run")
 MODES = ("none", "restart", "inprocess")
-KINDS = ("notice", "kill", "host")
+KINDS = ("notice", "kill", "host", "link")
 
 
 # ---- the trace ---------------------------------------------------------------------------
@@ -94,8 +96,11 @@ def parse_events(spec, seed, horizon, warning, kinds=("notice", "kill")):
         kind, _, when = item.strip().partition("@")
         if kind not in KINDS or not when:
             sys.exit(f"--events: '{item}': use KIND@SECONDS with KIND in {KINDS}")
-        at, _, warn = when.partition(":")
-        out.append({"kind": kind, "at": float(at), "warning": float(warn) if warn else warning})
+        at, _, arg = when.partition(":")
+        e = {"kind": kind, "at": float(at), "warning": float(arg) if arg else warning}
+        if kind == "link":
+            e = {"kind": kind, "at": float(at), "down_s": float(arg) if arg else 60.0}
+        out.append(e)
     return sorted(out, key=lambda e: e["at"])
 
 
@@ -187,6 +192,11 @@ def ranks_of(out, job):
     return sorted(found, key=lambda i: i["rank"])
 
 
+def set_link(host, state):
+    """The rig's link of namespace `host`: its veth on the bridge side."""
+    subprocess.run(["ip", "link", "set", f"{host}h", state], check=True)
+
+
 def stop(proc, out):
     """Ends a mode that hangs: tutti-run's session (mpirun gets SIGTERM from
     the kernel when tutti-run dies), then any rank still alive."""
@@ -258,6 +268,9 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
         for hk in list(hard_kills):
             if now >= hk["at"]:
                 hard_kills.remove(hk)
+                if "link" in hk:
+                    set_link(hk["link"], "up")
+                    continue
                 left = [p for p in hk["pids"] if alive(p)]
                 for p in left:
                     os.kill(p, signal.SIGKILL)
@@ -282,6 +295,10 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
             host = rng.choice(sorted({r["host"] for r in ranks}))
             victims = [r for r in ranks if r["host"] == host]
             e["host"], e["ranks"] = host, [r["rank"] for r in victims]
+            if e["kind"] == "link":
+                set_link(host, "down")
+                hard_kills.append({"at": now + e["down_s"], "link": host})
+                continue
             if e["kind"] == "host":
                 # Everything in the host's network namespace (its name is the
                 # ranks' host name on the rig).
@@ -300,6 +317,9 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
                 hard_kills.append({"at": now + e["warning"], "pids": [r["pid"] for r in victims],
                                    "event": e})
     end = time.time()
+    for hk in hard_kills:
+        if "link" in hk:
+            set_link(hk["link"], "up")
     logf.close()
     log.poll()
     with open(os.path.join(out, "tutti-run.log")) as f:
@@ -403,7 +423,8 @@ def table(results, unavailable, base):
                 continue
             kind = e["kind"] + (f" ({e['warning']:.0f} s warning"
                                 + (", hard-killed" if e.get("hard_killed") else "") + ")"
-                                if e["kind"] == "notice" else "")
+                                if e["kind"] == "notice" else
+                                f" ({e['down_s']:.0f} s down)" if e["kind"] == "link" else "")
             lines.append(
                 f"| {m} | {kind} | {e['at']:.0f} ({e['deferred_s']:.1f}) | "
                 f"{','.join(map(str, e['ranks']))} | {e['recovered'] or '—'} | "
@@ -473,9 +494,9 @@ def main():
         ap.error(f"--modes: unknown {bad}; choose from {MODES}")
     horizon = a.duration or a.steps * a.step_s
     trace = parse_events(a.events, a.seed, horizon, a.warning,
-                         KINDS if rig else ("notice", "kill"))
-    if rig is None and any(e["kind"] == "host" for e in trace):
-        ap.error("host@T needs several hosts (--hosts)")
+                         ("notice", "kill", "host") if rig else ("notice", "kill"))
+    if rig is None and any(e["kind"] in ("host", "link") for e in trace):
+        ap.error("host@T and link@T need several hosts (--hosts)")
     pythonpath = a.pythonpath
     if pythonpath is None:
         built = os.path.join(ROOT, "build", "python_pkg")
