@@ -218,8 +218,23 @@ def rig_args(prefix, per_host):
     if p.returncode:
         sys.exit(f"--hosts {prefix}: {p.stderr.strip()}")
     args = p.stdout.split("\n")[:-1]
-    hosts = args[args.index("--host") + 1].split(",")
-    return {"args": args, "slots": len(hosts) * per_host, "prefix": prefix}
+    i = args.index("--host")
+    hosts = args[i + 1].split(",")
+    state = os.path.join(os.environ.get("TUTTI_NETNS_STATE", "/run/tutti-netns"),
+                         f"{prefix}.hosts")
+    with open(state) as f:
+        ips = dict(reversed(line.split()) for line in f if line.strip())   # ns -> ip
+    return {"args": args, "slots": len(hosts) * per_host, "prefix": prefix,
+            "per_host": per_host, "ips": ips, "args_without_hosts": args[:i] + args[i + 2:]}
+
+
+def write_hostfile(path, rig, absent):
+    """The elastic hostfile: every rig host not in `absent`."""
+    with open(path + ".tmp", "w") as f:
+        for ns, ip in sorted(rig["ips"].items()):
+            if ns not in absent:
+                f.write(f"{ip} slots={rig['per_host']}\n")
+    os.replace(path + ".tmp", path)
 
 
 def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=None):
@@ -239,8 +254,20 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
         env["TUTTI_CKPT_DIR"] = os.path.join(a.ckpt_dir, mode)
     events = [dict(e) for e in trace] if mode != "none" else []
     cmd = [python, TUTTI_RUN, "--mpirun", mpirun, "--backoff", str(a.backoff),
-           "--max-restarts", str(len(events) + 2), "--"] + extra_mpi + [
-        "--oversubscribe", "--bind-to", "none", "-np", str(a.np)]
+           "--max-restarts", str(len(events) + 2)]
+    absent, hostfile = set(), os.path.join(out, "hostfile")
+    if a.elastic:
+        # Elastic tutti-run chooses the hosts and the size from the hostfile,
+        # which loses a host on a notice, a lost host or a cut link, and gets
+        # it back --elastic seconds later.
+        write_hostfile(hostfile, rig, absent)
+        cmd += ["--min-np", "1", "--max-np", str(rig["slots"]), "--hostfile", hostfile,
+                "--discovery-interval", "2", "--grow-interval", "10", "--exit-grace", "5",
+                "--"] + extra_mpi + rig["args_without_hosts"] + ["--oversubscribe",
+                                                                 "--bind-to", "none"]
+    else:
+        cmd += ["--"] + extra_mpi + (rig["args"] if rig else []) + [
+            "--oversubscribe", "--bind-to", "none", "-np", str(a.np)]
     for k in ("PYTHONPATH", "SPOT_OUT", "SPOT_STEP_S", "SPOT_PARAMS", "SPOT_STEPS",
               "SPOT_DEADLINE"):
         cmd += ["-x", k]
@@ -271,6 +298,10 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
                 if "link" in hk:
                     set_link(hk["link"], "up")
                     continue
+                if "return" in hk:
+                    absent.discard(hk["return"])
+                    write_hostfile(hostfile, rig, absent)
+                    continue
                 left = [p for p in hk["pids"] if alive(p)]
                 for p in left:
                     os.kill(p, signal.SIGKILL)
@@ -295,6 +326,10 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
             host = rng.choice(sorted({r["host"] for r in ranks}))
             victims = [r for r in ranks if r["host"] == host]
             e["host"], e["ranks"] = host, [r["rank"] for r in victims]
+            if a.elastic:
+                absent.add(host)
+                write_hostfile(hostfile, rig, absent)
+                hard_kills.append({"at": now + a.elastic, "return": host})
             if e["kind"] == "link":
                 set_link(host, "down")
                 hard_kills.append({"at": now + e["down_s"], "link": host})
@@ -383,6 +418,21 @@ def analyse(res, t_ff):
         if e["kind"] == "notice":
             stop = [r for r in commits if job_of(r) == job and r["t"] >= e["fired"]]
             e["notice_to_commit_s"] = stop[0]["t"] - e["fired"] if stop else None
+        e["_start"] = new_start
+    # Restarts that no event caused (elastic tutti-run growing the job when a
+    # host returns): from the old job's last record to the new job's first step.
+    caused = [id(e.pop("_start")) for e in res["events"] if "_start" in e]
+    res["other_restarts"] = []
+    for s in starts[1:]:
+        if id(s) in caused:
+            continue
+        before = [r for r in recs if r["t"] < s["t"] and job_of(r) != job_of(s)]
+        first = next((r for r in done if job_of(r) == job_of(s)), None)
+        res["other_restarts"].append({
+            "at": s["t"] - res["start"], "size": [before[-1]["size"] if before else None,
+                                                  s["size"]],
+            "resumed_from": s["step"],
+            "cost_s": first["t"] - before[-1]["t"] if first and before else None})
     return res
 
 
@@ -431,6 +481,11 @@ def table(results, unavailable, base):
                 f"{fmt(e['next_step_s'])} | {fmt(e['new_processes_s'])} | "
                 f"{fmt(e['resumed_s'])} | {fmt(e.get('notice_to_commit_s'))} | "
                 f"{fmt(e['resumed_from'], 'd')} | {fmt(e['recomputed'], 'd')} |")
+        for o in results.get(m, {}).get("other_restarts", []):
+            lines.append(
+                f"| {m} | restart without an event (size {o['size'][0]} -> {o['size'][1]}: "
+                f"last record -> next completed step) | {o['at']:.0f} | | restart | "
+                f"{fmt(o['cost_s'])} | | | | {o['resumed_from']} | |")
     return "\n".join(lines)
 
 
@@ -451,6 +506,9 @@ def main():
     ap.add_argument("--hosts", default=None, metavar="PREFIX[:S]",
                     help="run on the netns rig PREFIX (scripts/netns_cluster.sh up N "
                     "--prefix PREFIX, made beforehand), S ranks per host (1); needs --ckpt-dir")
+    ap.add_argument("--elastic", type=float, default=0, metavar="S",
+                    help="on the rig: elastic tutti-run over a hostfile; a host that gets a "
+                    "notice, is lost or has its link cut leaves the hostfile for S s")
     ap.add_argument("--ckpt-dir", default=None,
                     help="commit to DIR/<mode> (TUTTI_CKPT_DIR) instead of the memory tier: "
                     "needed on several hosts (the memory tier is one host's for now)")
@@ -481,6 +539,8 @@ def main():
     if bool(a.duration) == bool(a.steps):
         ap.error("give one of --duration and --steps")
     rig = None
+    if a.elastic and not a.hosts:
+        ap.error("--elastic needs --hosts")
     if a.hosts:
         if not a.ckpt_dir:
             ap.error("--hosts needs --ckpt-dir: the memory tier keeps commits on one host")
@@ -518,8 +578,6 @@ def main():
         print(f"[spot_trace] mode {m}: running ({a.duration or a.steps} "
               f"{'s' if a.duration else 'steps'}, {len(trace) if m != 'none' else 0} events)",
               file=sys.stderr, flush=True)
-        if rig:
-            extra = extra + rig["args"]
         results[m] = run_mode(m, a, trace, work, mpirun, python, pp, extra, rig)
     base_tff = step_time(results["none"]["records"]) if "none" in results else None
     for m, r in results.items():
