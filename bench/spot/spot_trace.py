@@ -50,7 +50,9 @@ training function after an in-process recovery), and of that, the time to
 the new processes' start (a restart) and to the commit loaded (the training
 function entered); for a notice, to the stop step's commit; the step that job
 resumed from, and the steps recomputed (the highest step completed before the
-failure minus the step resumed from).
+failure minus the step resumed from).  A restart that no event caused (with
+--elastic: the job grown again when a host returns) is listed with its cost,
+from the old job's last record to the new job's first completed step.
 
   bench/spot/spot_trace.py --duration 90 --np 2 --events notice@20,kill@45 \\
       --modes none,restart --out /tmp/spot.json
@@ -327,9 +329,12 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
             victims = [r for r in ranks if r["host"] == host]
             e["host"], e["ranks"] = host, [r["rank"] for r in victims]
             if a.elastic:
+                # A cut host returns once its link is back: on the rig, tutti-run's
+                # probe (`ip netns exec`) answers whether or not the link is up.
                 absent.add(host)
                 write_hostfile(hostfile, rig, absent)
-                hard_kills.append({"at": now + a.elastic, "return": host})
+                back = max(a.elastic, e["down_s"] + 1) if e["kind"] == "link" else a.elastic
+                hard_kills.append({"at": now + back, "return": host})
             if e["kind"] == "link":
                 set_link(host, "down")
                 hard_kills.append({"at": now + e["down_s"], "link": host})
@@ -508,7 +513,8 @@ def main():
                     "--prefix PREFIX, made beforehand), S ranks per host (1); needs --ckpt-dir")
     ap.add_argument("--elastic", type=float, default=0, metavar="S",
                     help="on the rig: elastic tutti-run over a hostfile; a host that gets a "
-                    "notice, is lost or has its link cut leaves the hostfile for S s")
+                    "notice, is lost or has its link cut leaves the hostfile for S s (a cut "
+                    "one at least until its link is back)")
     ap.add_argument("--ckpt-dir", default=None,
                     help="commit to DIR/<mode> (TUTTI_CKPT_DIR) instead of the memory tier: "
                     "needed on several hosts (the memory tier is one host's for now)")
