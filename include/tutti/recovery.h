@@ -1,6 +1,6 @@
 // In-process recovery from dead ranks (docs/elastic.md, "A killed process:
 // recovery in the process").  Needs an MPI with ULFM, Open MPI 5, launched
-// with `mpiexec --with-ft ulfm` (tutti-run adds it on Open MPI 5).
+// with `mpiexec --with-ft ulfm` (through tutti-run: after its `--`).
 //
 //   try {
 //     world->allreduce(grad, tutti::ReduceOp::kSum);
