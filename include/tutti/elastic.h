@@ -16,7 +16,11 @@
 // again, which resumes from the last commit; a notice (SIGUSR1 from
 // tutti-run, a cloud's metadata, the trigger file) stops every rank at the
 // same commit with exit code 75, and tutti-run starts it again (at a new
-// size in elastic mode).
+// size in elastic mode).  With ULFM (Open MPI 5 under `mpiexec --with-ft
+// ulfm`) a killed rank on a live host costs no restart: elastic_run
+// recovers in the process (tutti::recover(), recovery.h), loads the newest
+// commit at the smaller size, runs the reset callbacks and calls the
+// function again.
 #pragma once
 
 #include <cstdint>
@@ -84,7 +88,13 @@ class TUTTI_API ElasticState {
 // was restarted or resized, then train(state).  A stop agreed at a commit
 // ends the process with exit code 75 (exit_preempted(), after the commit
 // landed).  Returns 0 when `train` returns; the memory tier's commits are
-// then removed (the job is done).  Errors from `train` propagate.
+// then removed (the job is done).  Errors from `train` propagate, except a
+// lost rank (kRanksLost) where recovery_available(): the survivors
+// recover(), the reset callbacks run (over the new world, before the load:
+// they rebuild groups and re-lay out sharded state for the new size), the
+// newest commit is loaded at the new size, and `train` is called again (at most once per loss; refused, with
+// the error propagating as before, when the state's group is not the world,
+// nothing was committed, or fewer than TUTTI_ULFM_MIN_SIZE ranks survive).
 TUTTI_API int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& train);
 
 }  // namespace tutti

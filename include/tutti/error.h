@@ -29,6 +29,7 @@ enum class ErrorCode : int {
   kInternal = 11,        // a broken invariant inside tutti (a bug)
   kNotFound = 12,        // e.g. no checkpoint to resume from
   kAborted = 13,         // an earlier failure made this object unusable
+  kRanksLost = 14,       // peers died (MPI with ULFM): tutti::recover() can go on
 };
 
 TUTTI_API const char* error_code_name(ErrorCode code);

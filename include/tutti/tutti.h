@@ -19,6 +19,7 @@
 #include "tutti/optim.h"
 #include "tutti/preemption.h"
 #include "tutti/process_group.h"
+#include "tutti/recovery.h"
 #include "tutti/state.h"
 #include "tutti/tensor.h"
 #include "tutti/tensor_parallel.h"

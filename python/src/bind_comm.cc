@@ -336,6 +336,32 @@ void bind_comm(pyb::module_& m) {
   m.def("size", [] { return size(); });
   m.def("local_rank", [] { return local_rank(); });
   m.def("local_size", [] { return local_size(); });
+  m.def("recovery_available", &recovery_available,
+        "Whether lost ranks can be recovered from in this process: an MPI with "
+        "ULFM launched with `mpiexec --with-ft ulfm`, TUTTI_ULFM=1.");
+  m.def("recover", [] {
+    RecoveryResult r;
+    {
+      pyb::gil_scoped_release nogil;
+      r = recover();
+    }
+    pyb::dict d;
+    d["lost"] = r.lost;
+    d["old_size"] = r.old_size;
+    d["new_size"] = r.new_size;
+    d["new_rank"] = r.new_rank;
+    d["attempts"] = r.attempts;
+    d["seconds"] = r.seconds;
+    return d;
+  }, "Collective among the survivors after a RanksLostError: shrinks the world to "
+     "them (tutti.world(), rank(), size() describe them after it) and releases every "
+     "group over the old one (their ops raise AbortedError).  Returns {'lost': [world "
+     "ranks], 'old_size', 'new_size', 'new_rank', 'attempts', 'seconds'}.");
+  pyb::class_<RecoveryScope>(m, "RecoveryScope",
+                             "While one lives, a lost rank is raised as RanksLostError "
+                             "even under tutti-run (TUTTI_EXIT_ON_COMM_FAILURE), for an "
+                             "in-process recovery.")
+      .def(pyb::init<>());
 }
 
 }  // namespace py

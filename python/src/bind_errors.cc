@@ -7,7 +7,8 @@
 //   ├── tutti.CommError          (kCommFailure, kMpi, kNccl)
 //   ├── tutti.CheckpointError    (kIo, kCorrupt, kNotFound)
 //   ├── tutti.UnsupportedError
-//   └── tutti.AbortedError
+//   ├── tutti.AbortedError
+//   └── tutti.RanksLostError (also tutti.CommError) kRanksLost: tutti.recover()
 #include <map>
 
 #include "bindings.h"
@@ -59,6 +60,14 @@ void bind_errors(pyb::module_& m) {
                               "Not available in this build or on this machine.");
   PyObject* aborted = sub("AbortedError", nullptr,
                           "The object failed earlier and is unusable.");
+  // A CommError too: code that ends the process on a CommError keeps doing
+  // so; code that recovers in-process (tutti.recover()) catches this first.
+  PyObject* lost_bases = PyTuple_Pack(1, comm);
+  PyObject* lost = make_exception(
+      m, "RanksLostError", lost_bases,
+      "Peers died (Open MPI with ULFM); the message names them.  The survivors "
+      "can call tutti.recover() and go on at the smaller size.");
+  Py_DECREF(lost_bases);
   auto& c = classes();
   c[ErrorCode::kInvalidArgument] = invalid;
   c[ErrorCode::kMismatch] = mismatch;
@@ -71,6 +80,7 @@ void bind_errors(pyb::module_& m) {
   c[ErrorCode::kNotFound] = ckpt;
   c[ErrorCode::kUnsupported] = unsupported;
   c[ErrorCode::kAborted] = aborted;
+  c[ErrorCode::kRanksLost] = lost;
 
   pyb::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -34,6 +34,10 @@ class DeviceCommunicator : public Communicator {
   // Finishes the ops in flight and releases the communicator (bounded by
   // TUTTI_TIMEOUT).  Idempotent; later ops fail with kAborted.
   virtual void close() = 0;
+  // tutti::recover(): releases the communicator without waiting for peers,
+  // some of which died (NCCL: ncclCommAbort, never a finalize or destroy,
+  // which can wait for them forever).  Later ops fail with kAborted.
+  virtual void abandon() { close(); }
   // True once a failure made the communicator unusable.
   virtual bool broken() const = 0;
   // The split of this communicator that goes with `host_child`, the split

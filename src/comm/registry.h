@@ -23,7 +23,8 @@ void note_communicator_poisoned();
 // A communicator broke with `error`.  A peer or network failure (kTimeout,
 // kCommFailure; kNccl too) is noted as above; for kTimeout and kCommFailure
 // with TUTTI_EXIT_ON_COMM_FAILURE set, the error is printed and the process
-// ends with kCommFailureExitCode.
+// ends with kCommFailureExitCode.  kRanksLost (ULFM) is noted and ends the
+// process alike, unless a RecoveryScope lives (tutti/recovery.h).
 void communicator_broke(const Error& error);
 
 }  // namespace comm

@@ -1,5 +1,6 @@
 // tutti::init / shutdown and the world group.
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include "comm/backoff.h"
 #include "comm/device_communicator.h"
 #include "comm/mpi/status_service.h"
+#include "comm/mpi/ulfm.h"
 #include "comm/process_group_impl.h"
 #include "comm/registry.h"
 #include "core/check.h"
@@ -20,6 +22,7 @@
 #include "tutti/config.h"
 #include "tutti/log.h"
 #include "tutti/process_group.h"
+#include "tutti/recovery.h"
 
 namespace tutti {
 namespace {
@@ -31,12 +34,15 @@ struct WorldState {
   mpi::InitState mpi_state;
   bool use_mpi = false;
   ProcessGroupPtr world;
+  std::shared_ptr<mpi::MpiCommunicator> world_mpi;  // world's host communicator
   int local_rank = 0;
   int local_size = 1;
   std::mutex registry_mu;
   std::vector<std::weak_ptr<mpi::MpiCommunicator>> mpi_comms;
   std::vector<std::weak_ptr<comm::DeviceCommunicator>> device_comms;  // NCCL, staged
   std::atomic<bool> any_poisoned{false};
+  std::atomic<int> recovery_scopes{0};  // RecoveryScope objects alive
+  bool recovered = false;  // recover() ran: processes of this job died
   bool at_exit = false;  // shutdown() called by the atexit handler
 };
 
@@ -70,6 +76,55 @@ void start_timeline_from_env() {
   }
 }
 
+struct Registered {
+  std::vector<std::shared_ptr<mpi::MpiCommunicator>> mpis;
+  std::vector<std::shared_ptr<comm::DeviceCommunicator>> devices;
+};
+
+// The live registered communicators; `forget`: the registry drops them all
+// (shutdown(), recover()).
+Registered take_registered(WorldState& s, bool forget) {
+  Registered out;
+  std::lock_guard<std::mutex> lock(s.registry_mu);
+  for (auto& w : s.device_comms)
+    if (auto c = w.lock()) out.devices.push_back(c);
+  for (auto& w : s.mpi_comms)
+    if (auto c = w.lock()) out.mpis.push_back(c);
+  if (forget) {
+    s.device_comms.clear();
+    s.mpi_comms.clear();
+  }
+  return out;
+}
+
+// ULFM (mpi/ulfm.h): the first failure seen revokes every communicator
+// tutti has, so that a rank blocked in an op that does not involve the dead
+// peer directly fails too instead of waiting for TUTTI_TIMEOUT.
+void revoke_all() {
+  for (auto& c : take_registered(state(), /*forget=*/false).mpis) c->revoke();
+}
+
+// The world over `base` (MPI_COMM_WORLD, or the survivors after a
+// recovery): the status service, tutti's duplicate, the node group.  Holds
+// s.mu.
+void build_mpi_world(WorldState& s, MPI_Comm base) {
+  int wr = 0, ws = 1;
+  TUTTI_MPI_CHECK(MPI_Comm_rank(base, &wr), "init");
+  TUTTI_MPI_CHECK(MPI_Comm_size(base, &ws), "init");
+  set_runtime_world(wr, ws);
+  mpi::StatusService::instance().start(base);
+  MPI_Comm dup;
+  TUTTI_MPI_CHECK(MPI_Comm_dup(base, &dup), "init");
+  s.world_mpi = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1);
+  comm::register_communicator(s.world_mpi);
+  s.world = std::make_shared<ProcessGroup>(
+      std::make_unique<ProcessGroupImpl>("world", s.world_mpi));
+  auto node = s.world->node_group();
+  s.local_rank = node->rank();
+  s.local_size = node->size();
+  if (mpi::ulfm::enabled()) mpi::ulfm::set_on_failure(revoke_all);
+}
+
 }  // namespace
 
 namespace comm {
@@ -86,8 +141,12 @@ void communicator_broke(const Error& error) {
   // mismatch or a rejected argument completed its exchanges.
   const ErrorCode c = error.code();
   const bool peer_failure = c == ErrorCode::kTimeout || c == ErrorCode::kCommFailure;
-  if (peer_failure || c == ErrorCode::kNccl) note_communicator_poisoned();
-  if (!peer_failure || !config::get_bool("TUTTI_EXIT_ON_COMM_FAILURE")) return;
+  // A dead peer under ULFM (kRanksLost) ends the process as the others do,
+  // unless the program recovers in-process (a RecoveryScope, recovery.h).
+  const bool lost = c == ErrorCode::kRanksLost;
+  if (peer_failure || lost || c == ErrorCode::kNccl) note_communicator_poisoned();
+  if (lost && state().recovery_scopes.load() > 0) return;
+  if (!(peer_failure || lost) || !config::get_bool("TUTTI_EXIT_ON_COMM_FAILURE")) return;
   // The job is beyond repair in this process (an NCCL kernel or MPI request
   // may never complete): end it with the code tutti-run restarts on, without
   // atexit handlers (shutdown() could wait on the dead peer).
@@ -125,20 +184,7 @@ void init(const InitOptions& options) {
     // Throws unless MPI grants MPI_THREAD_MULTIPLE (mpi_runtime.h): the
     // progress engines, watchdogs and the status responder are threads.
     s.mpi_state = mpi::initialize();
-    int wr = 0, ws = 1;
-    TUTTI_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &wr), "init");
-    TUTTI_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ws), "init");
-    set_runtime_world(wr, ws);
-    mpi::StatusService::instance().start(MPI_COMM_WORLD);
-    MPI_Comm dup;
-    TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "init");
-    auto world_comm = std::make_shared<mpi::MpiCommunicator>(dup, "world", 1);
-    comm::register_communicator(world_comm);
-    s.world = std::make_shared<ProcessGroup>(
-        std::make_unique<ProcessGroupImpl>("world", world_comm));
-    auto node = s.world->node_group();
-    s.local_rank = node->rank();
-    s.local_size = node->size();
+    build_mpi_world(s, mpi::ulfm::base());
   } else {
     set_runtime_world(0, 1);
     s.world = std::make_shared<ProcessGroup>(std::make_unique<ProcessGroupImpl>(
@@ -169,17 +215,9 @@ void shutdown() {
   auto& s = state();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
   if (!s.initialized) return;
-  std::vector<std::shared_ptr<mpi::MpiCommunicator>> mpis;
-  std::vector<std::shared_ptr<comm::DeviceCommunicator>> devices;
-  {
-    std::lock_guard<std::mutex> rl(s.registry_mu);
-    for (auto& w : s.device_comms)
-      if (auto c = w.lock()) devices.push_back(c);
-    for (auto& w : s.mpi_comms)
-      if (auto c = w.lock()) mpis.push_back(c);
-    s.device_comms.clear();
-    s.mpi_comms.clear();
-  }
+  const Registered live = take_registered(s, /*forget=*/true);
+  const auto& mpis = live.mpis;
+  const auto& devices = live.devices;
   bool poisoned = s.any_poisoned.load();
   // Each close() runs what was submitted before it, then tells the other
   // members this rank left: a peer waiting for an op this rank never
@@ -193,6 +231,7 @@ void shutdown() {
     c->close();
   }
   s.world.reset();
+  s.world_mpi.reset();
   // The per-stream cuBLAS handles and workspaces and other device scratch
   // (core/stream_cache.h), now that no collective uses them.  Not from the
   // atexit handler: the CUDA runtime may have been torn down before it.
@@ -204,6 +243,12 @@ void shutdown() {
       // An abandoned request may never complete; MPI_Finalize could hang.
       TUTTI_LOG(kWarn) << "not finalising MPI: a communicator timed out "
                           "earlier; exit the process";
+    } else if (s.recovered) {
+      // Open MPI 5.0.11's fault-tolerant MPI_Finalize hung in about one run
+      // in five after ranks died (survivors in a retry loop inside it,
+      // docs/elastic.md); its launcher takes an exit without it.
+      TUTTI_LOG(kInfo) << "not finalising MPI: ranks of this job died (recovered "
+                          "in-process), and MPI_Finalize may then hang; exit the process";
     } else {
       mpi::finalize(s.mpi_state);
     }
@@ -230,6 +275,63 @@ std::string mpi_thread_level() {
   std::lock_guard<std::recursive_mutex> lock(s.mu);
   TUTTI_ARG_CHECK(s.initialized, "tutti is not initialised: call tutti::init() first");
   return s.use_mpi ? mpi::thread_level_name(s.mpi_state.thread_level) : std::string();
+}
+
+RecoveryScope::RecoveryScope() { state().recovery_scopes.fetch_add(1); }
+RecoveryScope::~RecoveryScope() { state().recovery_scopes.fetch_sub(1); }
+
+bool recovery_available() {
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  return s.initialized && s.use_mpi && mpi::ulfm::enabled();
+}
+
+RecoveryResult recover() {
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  TUTTI_ARG_CHECK(s.initialized, "tutti is not initialised: call tutti::init() first");
+  if (!s.use_mpi || !mpi::ulfm::enabled())
+    TUTTI_THROW(kUnsupported, "tutti::recover() needs an MPI with ULFM launched with fault "
+                "tolerance on (Open MPI 5: `mpiexec --with-ft ulfm`) and TUTTI_ULFM=1; ",
+                !s.use_mpi ? "this world runs without MPI"
+                : mpi::ulfm::compiled() ? "this run has it off"
+                                        : "this tutti was built against an MPI without it");
+  const auto t0 = std::chrono::steady_clock::now();
+  RecoveryResult out;
+  out.old_size = s.world->size();
+  // 1. Every communicator over the old world fails now on every member
+  //    (those that saw no error yet too), then the survivors shrink it.
+  revoke_all();
+  const mpi::ulfm::Shrunk shrunk = mpi::ulfm::shrink(s.world_mpi->comm());
+  out.lost = shrunk.lost;
+  out.attempts = shrunk.attempts;
+  // 2. Release everything derived from the old world: device communicators
+  //    first (NCCL aborted), then the MPI ones, without waiting for peers.
+  const Registered live = take_registered(s, /*forget=*/true);
+  const auto& mpis = live.mpis;
+  const auto& devices = live.devices;
+  for (auto& c : devices) c->abandon();
+  for (auto& c : mpis) c->abandon();
+  s.world.reset();
+  s.world_mpi.reset();
+  mpi::StatusService::instance().stop();
+  // 3. The survivors are the world now.
+  mpi::ulfm::set_base(shrunk.comm);
+  build_mpi_world(s, shrunk.comm);
+  s.any_poisoned = false;  // what timed out lived on the old world
+  s.recovered = true;
+  out.new_size = s.world->size();
+  out.new_rank = s.world->rank();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (out.new_rank == 0) {
+    std::string lost;
+    for (int r : out.lost) lost += detail::cat(lost.empty() ? "" : ", ", r);
+    TUTTI_LOG(kInfo) << "recovered in-process: lost world rank" << (out.lost.size() > 1 ? "s " : " ")
+                     << lost << "; world size " << out.old_size << " -> " << out.new_size
+                     << " in " << out.seconds << " s (" << out.attempts << " shrink"
+                     << (out.attempts > 1 ? "s" : "") << ")";
+  }
+  return out;
 }
 
 int rank() { return world()->rank(); }

@@ -103,7 +103,21 @@ const std::vector<SettingInfo> kSettings = {
      "timeout, an NCCL asynchronous error), log the error and end the "
      "process with exit code 76 instead of leaving it to the application, "
      "so that tutti-run restarts the job even if no thread would see the "
-     "error (tutti-run sets it to 1 unless it is set)."},
+     "error (tutti-run sets it to 1 unless it is set).  A rank lost under "
+     "ULFM (kRanksLost) ends the process alike, except inside a "
+     "RecoveryScope (elastic_run, tutti.torch.elastic.run), which recovers "
+     "in-process."},
+    {"TUTTI_ULFM", "bool", "1",
+     "Use MPI's fault tolerance (ULFM) when the MPI has it and the run turned "
+     "it on (Open MPI 5: mpiexec --with-ft ulfm): a dead peer fails the "
+     "survivors' operations with kRanksLost (RanksLostError) naming it, and "
+     "tutti::recover() / tutti.recover() shrinks the world to the survivors. "
+     "0: a dead peer fails operations with kMpi, as without ULFM."},
+    {"TUTTI_ULFM_MIN_SIZE", "int", "1",
+     "The elastic loops (elastic_run, tutti.torch.elastic.run) recover "
+     "in-process from lost ranks only while at least this many ranks "
+     "survive; below it the error propagates (under tutti-run the process "
+     "exits 76 and tutti-run restarts the job)."},
     {"TUTTI_NCCL", "bool", "1",
      "Use NCCL for CUDA tensors (when built with NCCL)."},
     {"TUTTI_NCCL_CHECK_EVERY", "int", "0",

@@ -22,6 +22,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kInternal: return "internal error";
     case ErrorCode::kNotFound: return "not found";
     case ErrorCode::kAborted: return "aborted";
+    case ErrorCode::kRanksLost: return "ranks lost";
   }
   return "unknown error";
 }

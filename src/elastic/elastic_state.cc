@@ -3,14 +3,17 @@
 // agreed at each commit, reset callbacks after a restart or a resize.
 #include "tutti/elastic.h"
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "comm/registry.h"
 #include "core/check.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
+#include "tutti/recovery.h"
 
 namespace tutti {
 
@@ -62,6 +65,8 @@ class ElasticState::Impl {
       co.keep_last = options.keep_last > 0 ? options.keep_last : 1;
       co.fresh_start = FreshStart::kAllow;  // an empty memory tier can only start fresh
     }
+    group_is_world = group.get() == world().get();
+    manager_options = co;
     manager.reset(new CheckpointManager(group, co));
     if (!options.monitor) {
       own_monitor.reset(new PreemptionMonitor());
@@ -95,7 +100,35 @@ class ElasticState::Impl {
     return !over;
   }
 
+  // In-process recovery (elastic_run, ULFM): why this loop cannot go on
+  // after `lost` ("" when it can: the world lost them and a commit exists).
+  std::string cannot_recover() const {
+    if (!group_is_world)
+      return "the ElasticState was built on a group other than tutti::world(), which "
+             "recovery cannot rebuild";
+    if (!have_commit) return "nothing was committed yet";
+    return "";
+  }
+  // After tutti::recover(): the manager over the new world, the reset
+  // callbacks (first: they re-lay out sharded state for the new size), then
+  // the newest commit loaded at the new size.
+  void rebuild_after_recovery() {
+    group = world();
+    manager.reset();  // its communicators were released by recover()
+    manager.reset(new CheckpointManager(group, manager_options));
+    for (auto& cb : resets) cb();
+    const std::optional<LoadResult> r = manager->load(components);
+    if (!r)
+      TUTTI_THROW(kNotFound, "elastic: after recovering from lost ranks, no commit was found "
+                  "in '", manager->dir(), "' (the last one was step ", step, ")");
+    step = r->step;
+    metadata = r->metadata_json;
+    have_commit = true;
+  }
+
   ProcessGroupPtr group;
+  bool group_is_world = false;
+  CheckpointOptions manager_options;
   Components components;
   ElasticOptions options;
   std::optional<MemoryTier> tier;
@@ -148,6 +181,50 @@ void ElasticState::on_reset(std::function<void()> callback) {
   impl_->resets.push_back(std::move(callback));
 }
 
+namespace {
+
+// A lost rank inside elastic_run: tutti::recover(), the newest commit at the
+// new size, the reset callbacks; or, where that cannot be, the error as
+// without ULFM (under tutti-run: exit 76, and a restart).
+void recover_or_raise(ElasticState::Impl& s, const Error& lost,
+                      std::optional<RecoveryScope>& scope) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string why = s.cannot_recover();
+  RecoveryResult r;
+  if (why.empty()) {
+    try {
+      r = recover();
+      const int64_t min_size = config::get_int("TUTTI_ULFM_MIN_SIZE");
+      if (r.new_size < min_size)
+        why = detail::cat(r.new_size, " ranks survive, fewer than TUTTI_ULFM_MIN_SIZE=",
+                          min_size);
+      else
+        s.rebuild_after_recovery();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kRanksLost) throw;
+      why = detail::cat("recovery failed: ", e.message());
+    }
+  }
+  if (!why.empty()) {
+    TUTTI_LOG(kError) << "elastic: no in-process recovery (" << why << ")";
+    scope.reset();
+    comm::communicator_broke(lost);  // TUTTI_EXIT_ON_COMM_FAILURE: exit 76
+    throw lost;
+  }
+  if (s.group->rank() == 0) {
+    std::string ranks;
+    for (int x : r.lost) ranks += detail::cat(ranks.empty() ? "" : ",", x);
+    TUTTI_LOG(kWarn) << "elastic: recovered in-process: lost world rank(s) " << ranks << ", "
+                     << r.old_size << " -> " << r.new_size << " ranks, resumed from the commit "
+                     << "of step " << s.step << " in "
+                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                            .count()
+                     << " s";
+  }
+}
+
+}  // namespace
+
 int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& train) {
   ElasticState::Impl& s = *state.impl_;
   const std::optional<LoadResult> r = s.manager->load(s.components);
@@ -162,12 +239,22 @@ int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& t
   if (config::get_int("TUTTI_RESTART_COUNT") > 0 || (r && r->saved_world_size != s.group->size()))
     for (auto& cb : s.resets) cb();
   s.running = true;
-  try {
-    train(state);
-  } catch (const StopAtCommit&) {
-    s.running = false;
-    s.manager.reset();  // closes the manager (its commit landed in commit())
-    exit_preempted();
+  // With ULFM a lost rank is raised here (not an exit under tutti-run), and
+  // the survivors go on in this process (docs/elastic.md).
+  std::optional<RecoveryScope> scope;
+  if (recovery_available()) scope.emplace();
+  for (;;) {
+    try {
+      train(state);
+      break;
+    } catch (const StopAtCommit&) {
+      s.running = false;
+      s.manager.reset();  // closes the manager (its commit landed in commit())
+      exit_preempted();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kRanksLost || !scope) throw;
+      recover_or_raise(s, e, scope);
+    }
   }
   s.running = false;
   if (s.tier) {

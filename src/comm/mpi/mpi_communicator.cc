@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "comm/counters.h"
+#include "comm/mpi/ulfm.h"
 #include "comm/cpu_work.h"
 #include "comm/fold.h"
 #include "comm/mpi/agreement.h"
@@ -157,7 +158,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
   // World ranks of the members, for reports that span groups.
   MPI_Group mine, world;
   TUTTI_MPI_CHECK(MPI_Comm_group(data_, &mine), what);
-  TUTTI_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world), what);
+  // (ulfm::base(): MPI_COMM_WORLD, or the world a recovery shrank.)
+  TUTTI_MPI_CHECK(MPI_Comm_group(ulfm::base(), &world), what);
   std::vector<int> local(size_);
   for (int i = 0; i < size_; ++i) local[i] = i;
   world_ranks_.resize(size_);
@@ -190,12 +192,37 @@ void MpiCommunicator::close() {
     // After a timeout a request may still be pending on these communicators;
     // freeing them is still legal (MPI frees once the requests complete).
     // Runs from the destructor: a failure is logged, never thrown.
-    const std::string what = detail::cat("closing communicator '", name_, "'");
-    if (check_ != MPI_COMM_NULL) TUTTI_MPI_WARN(MPI_Comm_free(&check_), what);
-    if (data_ != MPI_COMM_NULL && data_ != MPI_COMM_WORLD)
-      TUTTI_MPI_WARN(MPI_Comm_free(&data_), what);
+    free_comms();
   }
+}
+
+void MpiCommunicator::free_comms() {
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  const std::string what = detail::cat("closing communicator '", name_, "'");
+  if (check_ != MPI_COMM_NULL) TUTTI_MPI_WARN(MPI_Comm_free(&check_), what);
+  if (data_ != MPI_COMM_NULL && data_ != MPI_COMM_WORLD)
+    TUTTI_MPI_WARN(MPI_Comm_free(&data_), what);
   check_ = data_ = MPI_COMM_NULL;
+}
+
+void MpiCommunicator::revoke() {
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  ulfm::revoke(data_);
+  ulfm::revoke(check_);
+}
+
+void MpiCommunicator::abandon() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (closed_.load()) return;
+  // Queued ops fail with kAborted; the running one fails at once on the
+  // revoked communicators (kRanksLost).  No departure notices: the members
+  // that live abandon it too, the dead cannot read them.
+  poisoned_ = true;
+  revoke();
+  engine_.stop();
+  closed_ = true;
+  StatusService::instance().remove(comm_id_);
+  if (is_initialized()) free_comms();
 }
 
 void MpiCommunicator::drain() { engine_.drain(); }

@@ -73,6 +73,13 @@ class MpiCommunicator : public Communicator,
   // with kAborted.  Idempotent.
   void close();
   bool poisoned() const { return poisoned_.load(); }
+  // ULFM (ulfm.h): revokes both MPI communicators, so that every member's
+  // pending and later ops on them fail (a dead peer was seen).  Any thread.
+  void revoke();
+  // After a revoke, for tutti::recover(): stops the engine without running
+  // what was queued (those ops fail with kAborted), frees the MPI
+  // communicators, tells no peer.  Later ops fail with kAborted.
+  void abandon();
 
   // Runs `fn` on the progress engine, in order with the collectives (used by
   // backends that bootstrap over this communicator).
@@ -172,6 +179,8 @@ class MpiCommunicator : public Communicator,
   std::atomic<bool> poisoned_{false};
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
+  std::mutex comm_mu_;  // data_/check_ against revoke() from another thread
+  void free_comms();
   comm::CommSettings settings_;  // the hot path must not parse the environment
   // The running op's stall watch (engine thread only; null between ops and
   // in a group of one).  Set by RunningOp.

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "comm/backoff.h"
+#include "comm/mpi/ulfm.h"
 #include "core/cpu_reduce.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -19,13 +20,20 @@ namespace mpi {
 
 void throw_mpi_error(int code, const char* expr, const std::string& context,
                      const char* file, int line) {
+  // A dead peer under ULFM: kRanksLost, which tutti::recover() answers.
+  if (ulfm::is_failure(code)) ulfm::throw_ranks_lost(code, expr, context, file, line);
   detail::throw_error(ErrorCode::kMpi, file, line,
                       detail::call_failed(expr, context, error_string(code)));
 }
 
 bool mpi_ok(int code, const char* expr, const std::string& context) {
   if (code == MPI_SUCCESS) return true;
-  TUTTI_LOG(kWarn) << detail::call_failed(expr, context, error_string(code));
+  // A dead peer under ULFM: the kRanksLost error that an operation raises
+  // says so; the background threads' failures that follow are details.
+  if (ulfm::is_failure(code))
+    TUTTI_LOG(kInfo) << detail::call_failed(expr, context, error_string(code));
+  else
+    TUTTI_LOG(kWarn) << detail::call_failed(expr, context, error_string(code));
   return false;
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/mpi/ulfm.h"
 #include "comm/rank_list.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -61,10 +62,56 @@ void StatusService::stop() {
   for (int i = 0; i < 100 && tree_ && !tree_->reap(false); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   if (tree_) tree_->reap(true);
-  if (comm_ != MPI_COMM_NULL && is_initialized())
+  if (comm_ != MPI_COMM_NULL && is_initialized()) {
+    if (ulfm::enabled()) drain_unreceived();
     TUTTI_MPI_WARN(MPI_Comm_free(&comm_), "stopping the status service");
+  }
   comm_ = MPI_COMM_NULL;
   running_ = false;
+  // A start() after a recovery (tutti::recover()) numbers the world anew and
+  // its communicators take the old ids again: old departures are void.
+  {
+    std::lock_guard<std::mutex> lock(depart_mu_);
+    departed_.clear();
+  }
+  departures_.fetch_add(1, std::memory_order_release);
+}
+
+void StatusService::drain_unreceived() {
+  // Open MPI 5.0's MPI_Finalize under `--with-ft ulfm` waits forever when a
+  // message that nobody received is left on any communicator (measured with
+  // 5.0.11: one eager MPI_Isend never matched, both ranks hang in the
+  // finalize barrier).  A departure notice or a late reply to a status query
+  // is such a message.  Every member stops its responder before it enters
+  // this barrier, so nothing is sent here after it completes; until then
+  // (bounded by TUTTI_STATUS_GRACE_MS: a member that never stops, or died)
+  // and once after, what arrived is received and dropped.
+  auto drain = [this] {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st) != MPI_SUCCESS || !flag)
+        return;
+      int bytes = 0;
+      MPI_Get_count(&st, MPI_BYTE, &bytes);
+      std::vector<char> sink(static_cast<size_t>(std::max(bytes, 1)));
+      if (MPI_Recv(sink.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, comm_,
+                   MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return;
+    }
+  };
+  MPI_Request barrier = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(comm_, &barrier) == MPI_SUCCESS) {
+    const Deadline deadline(1e-3 * static_cast<double>(config::get_int("TUTTI_STATUS_GRACE_MS")));
+    int done = 0;
+    while (!done && !deadline.expired()) {
+      drain();
+      if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (!done && barrier != MPI_REQUEST_NULL) MPI_Request_free(&barrier);
+  }
+  drain();
 }
 
 void StatusService::add(uint64_t id, std::shared_ptr<CommProgress> p) {

@@ -73,7 +73,9 @@ class StatusService {
 
   // Duplicates `world` and starts the responder thread.
   void start(MPI_Comm world);
-  // Stops the responder and frees the communicator.  Before MPI_Finalize.
+  // Stops the responder and frees the communicator (before MPI_Finalize, and
+  // in tutti::recover() before start() over the shrunken world); forgets
+  // the departures recorded.
   void stop();
   bool running() const { return running_; }
 
@@ -124,6 +126,8 @@ class StatusService {
   std::map<uint64_t, std::shared_ptr<CommProgress>> comms_;
   std::mutex query_mu_;
   uint32_t next_reply_tag_ = 0;
+  // stop() under ULFM: receives what peers sent that nobody received.
+  void drain_unreceived();
   std::atomic<bool> shutting_down_{false};
   std::atomic<uint64_t> departures_{0};
   std::mutex depart_mu_;

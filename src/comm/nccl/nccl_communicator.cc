@@ -627,6 +627,10 @@ void NcclCommunicator::synchronize() {
   if (last) last->synchronize();  // bounded by the watchdog; rethrows its error
 }
 void NcclCommunicator::close() { impl_->close(); }
+void NcclCommunicator::abandon() {
+  impl_->abort();  // close() then finds no communicator to finalise
+  impl_->close();
+}
 bool NcclCommunicator::broken() const { return impl_->watchdog.broken(); }
 
 WorkPtr NcclCommunicator::submit(const OpRequest& request, bool blocking) {
@@ -747,6 +751,7 @@ int NcclCommunicator::device() const { return -1; }
 void NcclCommunicator::drain() {}
 void NcclCommunicator::synchronize() {}
 void NcclCommunicator::close() {}
+void NcclCommunicator::abandon() {}
 bool NcclCommunicator::broken() const { return false; }
 WorkPtr NcclCommunicator::submit(const OpRequest&, bool) {
   TUTTI_THROW(kUnsupported, "this build of tutti has no NCCL support");

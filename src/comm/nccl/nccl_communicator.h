@@ -68,6 +68,8 @@ class NcclCommunicator : public comm::DeviceCommunicator {
   // Waits for the ops in flight, then finalises the NCCL communicator
   // (aborts it if that does not finish within TUTTI_TIMEOUT).  Idempotent.
   void close() override;
+  // Aborts the NCCL communicator (kernels in flight end), then closes it.
+  void abandon() override;
   // True once the watchdog aborted the communicator.
   bool broken() const override;
 

@@ -39,7 +39,11 @@ Horovod re-forms the job in-process; tutti checkpoints and restarts it
 * A broken communicator (``HorovodInternalError``: tutti's CommError,
   TimeoutError, AbortedError) ends the process (with
   TUTTI_EXIT_ON_COMM_FAILURE, tutti-run's default, tutti itself exits 76);
-  tutti-run restarts the job.
+  tutti-run restarts the job.  Except a killed rank under Open MPI 5 with
+  ``--with-ft ulfm`` (``tutti.recovery_available()``): the survivors get a
+  RanksLostError, ``run`` calls ``tutti.recover()``, the reset callbacks,
+  loads the newest commit at the smaller size and calls the function again,
+  in the same processes (docs/elastic.md).
 * ``run`` loads the newest commit when the process starts, calls the reset
   callbacks after a restart (TUTTI_RESTART_COUNT > 0) or when the world
   size differs from the commit's, then ``sync()``s from rank 0.
@@ -70,12 +74,51 @@ def _restart_count():
         return 0
 
 
+def _recover(state, lost):
+    """After a RanksLostError inside ``run``: tutti.recover(), a checkpoint
+    manager over the new world, the reset callbacks (before the load: they
+    rebuild what spans the world), the newest commit loaded at the new size,
+    sync().  False (the error then propagates: under tutti-run the process
+    exits 76 and the job restarts) when nothing was committed, fewer than
+    TUTTI_ULFM_MIN_SIZE ranks survive, or the recovery failed."""
+    import time
+    t0 = time.monotonic()
+    if state.commit_step <= 0:
+        _runtime.log(f"no in-process recovery: nothing was committed yet ({lost})")
+        return False
+    try:
+        r = _C.recover()
+    except _C.RanksLostError as e:
+        _runtime.log(f"no in-process recovery: {e}")
+        return False
+    min_size = int(_C.config_get("TUTTI_ULFM_MIN_SIZE"))
+    if r["new_size"] < min_size:
+        _runtime.log(f"no in-process recovery: {r['new_size']} ranks survive, fewer than "
+                     f"TUTTI_ULFM_MIN_SIZE={min_size}")
+        return False
+    _runtime._objects["manager"] = None  # its communicators were released by recover()
+    state.on_reset()
+    if state._durable_load() is None:
+        raise _C.CheckpointError(f"rank {_C.rank()}: after recovering from lost ranks no "
+                                 f"commit was found (the last was {state.commit_step})")
+    state.sync()
+    state.save()
+    if _C.rank() == 0:
+        lost_ranks = ",".join(str(x) for x in r["lost"])
+        _runtime.log(f"recovered in-process: lost world rank(s) {lost_ranks}, "
+                     f"{r['old_size']} -> {r['new_size']} ranks, resumed from commit "
+                     f"{state.commit_step} in {time.monotonic() - t0:.3f} s")
+    return True
+
+
 def run(func):
     """Horovod's ``@hvd.elastic.run``: ``func(state, *args, **kwargs)`` runs
     once per process, from the newest commit.  A HostsUpdatedInterrupt
     commits and exits with 75 (SystemExit); a communication failure ends the
     process (its error propagates) so tutti-run restarts the job from the
-    last commit."""
+    last commit, except lost ranks where ``tutti.recovery_available()``:
+    then the survivors recover in-process and ``func`` runs again from the
+    newest commit at the new size."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -84,16 +127,27 @@ def run(func):
                 f"rank {_C.rank()}: tutti.torch.elastic.run: the first argument must be an "
                 f"elastic State (TorchState, ObjectState), not {type(state).__name__}")
         state._begin(_restart_count())
+        # With ULFM a lost rank is raised here (not an exit under tutti-run)
+        # and the survivors go on in this process.
+        scope = _C.RecoveryScope() if _C.recovery_available() else None
         try:
-            result = func(state, *args, **kwargs)
-        except HostsUpdatedInterrupt as interrupt:
-            state._leave(interrupt)
-            raise   # not reached: _leave raises SystemExit
-        except COMM_FAILURES as e:
-            _runtime.log(f"{type(e).__name__}: the communicator cannot be repaired in this "
-                         f"process; ending it so tutti-run restarts the job from commit "
-                         f"{state.commit_step} (Horovod would restore in-process)")
-            raise
+            while True:
+                try:
+                    result = func(state, *args, **kwargs)
+                    break
+                except HostsUpdatedInterrupt as interrupt:
+                    state._leave(interrupt)
+                    raise   # not reached: _leave raises SystemExit
+                except _C.RanksLostError as e:
+                    if scope is None or not _recover(state, e):
+                        raise
+                except COMM_FAILURES as e:
+                    _runtime.log(f"{type(e).__name__}: the communicator cannot be repaired in "
+                                 f"this process; ending it so tutti-run restarts the job from "
+                                 f"commit {state.commit_step}")
+                    raise
+        finally:
+            del scope
         state._finish()
         return result
 
