@@ -84,21 +84,29 @@ def main():
         launch = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common",
                               "launch.sh")
         cmd = [launch, mpiexec] + mpi_args + program + args
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
-    log = p.stdout + p.stderr
-    lines = [open(os.path.join(out, n)).read() for n in os.listdir(out)
-             if n.startswith("result.rank")]
-    if p.returncode != 0 and not any(lines) and "tutti" not in log:
-        # Seen twice in ~60 runs under a loaded ctest -j2 (Open MPI 5.0.11):
-        # mpiexec exits 255 soon after the planned kill, every survivor gone
-        # without a word or a recovery: the launcher ended the whole job
-        # despite --with-ft ulfm.  Not tutti's doing; retried once, said so.
-        print(f"the launcher ended the job (exit {p.returncode}) before any survivor "
-              "recovered; retrying once")
-        shutil.rmtree(out)
-        os.makedirs(out)
+    # Open MPI 5.0.11's launcher sometimes ends the whole job (mpiexec exit
+    # 255) after the planned kill despite --with-ft ulfm: before any survivor
+    # recovered (twice in ~60 runs under a loaded ctest -j2), or at the end,
+    # after the survivors wrote their results (1 in ~10 runs of the five ulfm
+    # tests at -j2; under tutti-run it shows as 'job failed with status 255'
+    # and a restart).  Not tutti's doing: such an attempt is run again, from
+    # a fresh memory tier and output folder, at most twice, and said so.
+    for attempt in range(3):
+        if attempt:
+            shutil.rmtree(out)
+            os.makedirs(out)
+        env["TUTTI_MEM_DIR"] = os.path.join(mem, str(attempt))
+        os.makedirs(env["TUTTI_MEM_DIR"], exist_ok=True)
+        if case != "elastic-tutti-run":
+            env["TUTTI_JOB_ID"] = f"ulfm-{os.getpid()}-{attempt}"
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
         log = p.stdout + p.stderr
+        aborted = p.returncode == 255 or "job failed with status 255" in log
+        if not aborted or attempt == 2:
+            break
+        print(f"attempt {attempt + 1}: the launcher ended the job (exit {p.returncode}"
+              f"{', then tutti-run restarted it' if 'job failed with status 255' in log else ''})"
+              "; running the case again")
     if "in-process recovery is not available here" in log:
         print("skipped: this tutti was built without ULFM")
         return 77
@@ -148,9 +156,16 @@ def main():
             if "resumed step=4 size=3" not in text:
                 problems.append(f"start rank {r}: did not resume from step 4 at 3 ranks: "
                                 f"{text!r}")
+    def read_state():
+        try:
+            with open(os.path.join(out, "state.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            problems.append(f"state.json unreadable: {e}")
+            return None
+
     if case != "torch-elastic" and case.startswith("elastic") and not problems:
-        with open(os.path.join(out, "state.json")) as f:
-            st = json.load(f)
+        st = read_state() or {"sizes": None, "w": None, "v": None}
         sizes = [NP] * 4 + [NP - 1] * (STEPS - 4)
         if st["sizes"] != sizes:
             problems.append(f"steps ran at sizes {st['sizes']}, expected {sizes}")
@@ -165,8 +180,7 @@ def main():
         if "recovered in-process: lost world rank(s) 2, 4 -> 3 ranks" not in log:
             problems.append("no recovery line in the log")
     if case == "torch-elastic" and not problems:
-        with open(os.path.join(out, "state.json")) as f:
-            st = json.load(f)
+        st = read_state() or {"sizes": None, "w": None}
         sizes = [NP] * 4 + [NP - 1] * (STEPS - 4)
         w = 1.0
         for s, n in enumerate(sizes, start=1):
