@@ -37,14 +37,10 @@ namespace {
 
 using namespace tutti;
 using Clock = std::chrono::steady_clock;
+using gpubench::median;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 void nccl_ok(ncclResult_t r, const char* what) {
@@ -178,20 +174,19 @@ int main(int argc, char** argv) {
           ncclCommDestroy(c);
           return ms;
         }), "");
-    row("ncclCommAbort (idle, after one all-reduce)", timed(reps, [&] {
-          ncclComm_t c = init_one(dev);
-          allreduce_one(c, fb, s);
-          const auto t0 = Clock::now();
-          nccl_ok(ncclCommAbort(c), "ncclCommAbort");
-          return ms_since(t0);
-        }), "");
-    row("ncclCommDestroy (idle, after one all-reduce)", timed(reps, [&] {
-          ncclComm_t c = init_one(dev);
-          allreduce_one(c, fb, s);
-          const auto t0 = Clock::now();
-          nccl_ok(ncclCommDestroy(c), "ncclCommDestroy");
-          return ms_since(t0);
-        }), "");
+    // The teardown of an idle communicator that ran one all-reduce.
+    auto teardown_ms = [&](ncclResult_t (*end)(ncclComm_t), const char* name) {
+      return timed(reps, [&] {
+        ncclComm_t c = init_one(dev);
+        allreduce_one(c, fb, s);
+        const auto t0 = Clock::now();
+        nccl_ok(end(c), name);
+        return ms_since(t0);
+      });
+    };
+    row("ncclCommAbort (idle, after one all-reduce)", teardown_ms(ncclCommAbort, "ncclCommAbort"), "");
+    row("ncclCommDestroy (idle, after one all-reduce)",
+        teardown_ms(ncclCommDestroy, "ncclCommDestroy"), "");
     row("ncclCommSplit (color 0) + first all-reduce", timed(reps, [&] {
           ncclComm_t c = init_one(dev);
           const auto t0 = Clock::now();
@@ -259,28 +254,20 @@ int main(int argc, char** argv) {
     std::printf("\n| state | directory | load_latest ms | GB/s | pinned H2D ms | ratio H2D/load |\n"
                 "|---:|---|---:|---:|---:|---:|\n");
     for (int64_t mb : mbs) {
-      const int tensors = 8;
-      const size_t per = static_cast<size_t>(mb) * (1 << 20) / tensors / 4 * 4;
-      gpubench::DeviceBuffer state(per * tensors);
-      gpubench::fill(state.get(), DType::kFloat32, static_cast<int64_t>(per * tensors / 4));
-      StateDict sd;
-      for (int i = 0; i < tensors; ++i)
-        sd.push_back({"model/t" + std::to_string(i),
-                      Tensor(state.at(i * per), DType::kFloat32,
-                             Shape{static_cast<int64_t>(per / 4)}, Device::cuda(dev)),
-                      ShardInfo{}});
-      Blob blob(sd);
+      gpubench::CudaState state(dev, mb, 8);
+      const size_t bytes = state.bytes();
+      Blob blob(state.dict);
       void* pinned = nullptr;
-      GB_CUDA(cudaMallocHost(&pinned, per * tensors));
+      GB_CUDA(cudaMallocHost(&pinned, bytes));
       std::vector<double> h2d;
       for (int r = 0; r < reps; ++r) {
         const auto t0 = Clock::now();
-        GB_CUDA(cudaMemcpyAsync(state.get(), pinned, per * tensors, cudaMemcpyHostToDevice, s));
+        GB_CUDA(cudaMemcpyAsync(state.buffer.get(), pinned, bytes, cudaMemcpyHostToDevice, s));
         GB_CUDA(cudaStreamSynchronize(s));
         h2d.push_back(ms_since(t0));
       }
       cudaFreeHost(pinned);
-      gpubench::fill(state.get(), DType::kFloat32, static_cast<int64_t>(per * tensors / 4));
+      state.refill();
       for (const std::string& base : dirs) {
         const std::string d = base + "/" + std::to_string(mb) + "mb";
         std::error_code ec;
@@ -291,7 +278,6 @@ int main(int argc, char** argv) {
         o.async = false;
         o.cuda_stream = s;
         o.fresh_start = FreshStart::kAllow;
-        std::string load_ms;
         try {
           CheckpointManager mgr(world, o);
           mgr.save(1, {{"m", &blob}});
@@ -306,13 +292,13 @@ int main(int argc, char** argv) {
           const double m = median(v), h = median(h2d);
           char line[256];
           std::snprintf(line, sizeof line, "| %s | %s | %.1f | %.1f | %.1f | %.2f |\n",
-                        gpubench::human(static_cast<double>(per) * tensors).c_str(),
-                        base.c_str(), m, static_cast<double>(per) * tensors / (m * 1e6), h,
+                        gpubench::human(static_cast<double>(bytes)).c_str(),
+                        base.c_str(), m, static_cast<double>(bytes) / (m * 1e6), h,
                         h / m);
           std::printf("%s", line);
         } catch (const std::exception& e) {
           std::printf("| %s | %s | failed: %s | | | |\n",
-                      gpubench::human(static_cast<double>(per) * tensors).c_str(),
+                      gpubench::human(static_cast<double>(bytes)).c_str(),
                       base.c_str(), e.what());
         }
         std::fflush(stdout);

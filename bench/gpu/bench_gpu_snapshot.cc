@@ -21,16 +21,8 @@
 
 #include "bench/gpu/gpu_bench.h"
 
-namespace {
-
 using namespace tutti;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+using gpubench::median;
 
 int main(int argc, char** argv) {
   std::string dir = "/tmp/tutti-bench-snapshot";
@@ -53,15 +45,10 @@ int main(int argc, char** argv) {
                 "save GB/s | memcpy GB/s | ratio |\n|---:|---:|---:|---:|---:|---:|---:|\n");
     int64_t step = 0;
     for (int64_t mb : mbs) {
-      const size_t per = static_cast<size_t>(mb) * (1 << 20) / tensors / 4 * 4;
-      gpubench::DeviceBuffer state(per * tensors);
-      gpubench::fill(state.get(), DType::kFloat32, static_cast<int64_t>(per * tensors / 4));
-      StateDict sd;
-      for (int i = 0; i < tensors; ++i)
-        sd.push_back({"model/t" + std::to_string(i),
-                      Tensor(state.at(i * per), DType::kFloat32,
-                             Shape{static_cast<int64_t>(per / 4)}, Device::cuda(dev)),
-                      ShardInfo{}});
+      gpubench::CudaState cs(dev, mb, tensors);
+      const size_t per = cs.per;
+      const gpubench::DeviceBuffer& state = cs.buffer;
+      const StateDict& sd = cs.dict;
       CheckpointOptions o;
       o.dir = dir + "/" + std::to_string(mb) + "mb";
       o.keep_last = 1;

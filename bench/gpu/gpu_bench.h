@@ -119,6 +119,38 @@ inline double copy_ms(cudaStream_t stream, size_t bytes, int iters, int reps) {
 
 inline double gbps(double traffic_bytes, double ms) { return traffic_bytes / (ms * 1e6); }
 
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A checkpoint's worth of CUDA state: `tensors` float32 tensors of equal
+// size, about `mb` MiB in all, views into one device buffer filled with
+// fill()'s pattern, named "model/t<i>" (bench_gpu_snapshot,
+// bench_gpu_recovery).
+class CudaState {
+ public:
+  CudaState(int dev, int64_t mb, int tensors)
+      : per(static_cast<size_t>(mb) * (1 << 20) / tensors / 4 * 4),
+        count(tensors),
+        buffer(per * tensors) {
+    refill();
+    for (int i = 0; i < tensors; ++i)
+      dict.push_back({"model/t" + std::to_string(i),
+                      tutti::Tensor(buffer.at(i * per), tutti::DType::kFloat32,
+                                    tutti::Shape{static_cast<int64_t>(per / 4)},
+                                    tutti::Device::cuda(dev)),
+                      tutti::ShardInfo{}});
+  }
+  size_t bytes() const { return per * count; }
+  void refill() { fill(buffer.get(), tutti::DType::kFloat32, static_cast<int64_t>(bytes() / 4)); }
+
+  const size_t per;  // bytes per tensor
+  const int count;
+  DeviceBuffer buffer;
+  tutti::StateDict dict;
+};
+
 inline std::string human(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;
