@@ -61,9 +61,10 @@ def main():
     os.makedirs(mem)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "TUTTI_RESTART_COUNT"))}
-    env.update(TUTTI_MEM_DIR=mem, TUTTI_JOB_ID=f"ulfm-{os.getpid()}",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.pop("TUTTI_CKPT_DIR", None)
+    # TUTTI_MEM_DIR and TUTTI_JOB_ID are set per attempt below.
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for k in ("TUTTI_CKPT_DIR", "TUTTI_JOB_ID"):
+        env.pop(k, None)
     if case == "allreduce":
         args, dead = ["allreduce", out, "2:20"], [2]
     elif case == "allreduce-twice":
@@ -77,7 +78,7 @@ def main():
     program = [sys.executable] if case == "torch-elastic" else [probe]
     mpi_args = ["--with-ft", "ulfm", "--oversubscribe", "--bind-to", "none", "-np", str(NP)]
     if case == "elastic-tutti-run":
-        env.pop("TUTTI_JOB_ID")  # tutti-run sets its own
+        # no TUTTI_JOB_ID: tutti-run sets its own
         cmd = [sys.executable, tutti_run, "--mpirun", mpiexec, "--backoff", "0",
                "--max-restarts", "1", "--"] + mpi_args + program + args
     else:
