@@ -6,8 +6,9 @@ scripts/tutti-run, once per mode, one mode after the other in one
 invocation:
 
   none       no events: the failure-free reference
-  restart    today's path: a loss ends the mpirun job, tutti-run restarts it,
-             the job resumes from the memory tier's last commit
+  restart    the restart path (tutti-run --ulfm off): a loss ends the mpirun
+             job, tutti-run restarts it, the job resumes from the memory
+             tier's last commit
   inprocess  the same trace under an MPI with ULFM (`mpiexec --with-ft ulfm`),
              where tutti.torch.elastic is to recover in-process; reported as
              'not available: <why>' when the launcher's MPI has no ULFM
@@ -255,8 +256,11 @@ def run_mode(mode, a, trace, work, mpirun, python, pythonpath, extra_mpi, rig=No
     if a.ckpt_dir:
         env["TUTTI_CKPT_DIR"] = os.path.join(a.ckpt_dir, mode)
     events = [dict(e) for e in trace] if mode != "none" else []
+    # tutti-run turns fault tolerance on by itself on Open MPI 5 (--ulfm
+    # auto): the other modes keep the restart path.
     cmd = [python, TUTTI_RUN, "--mpirun", mpirun, "--backoff", str(a.backoff),
-           "--max-restarts", str(len(events) + 2)]
+           "--max-restarts", str(len(events) + 2),
+           "--ulfm", "on" if mode == "inprocess" else "off"]
     absent, hostfile = set(), os.path.join(out, "hostfile")
     if a.elastic:
         # Elastic tutti-run chooses the hosts and the size from the hostfile,

@@ -22,6 +22,18 @@ Everything after tutti-run's own options goes to mpirun unchanged
                      (default 0: wait; the platform's SIGKILL is the bound)
   --ckpt-dir DIR     the job's checkpoint directory, read for progress
                      (<DIR>/latest) (default: TUTTI_CKPT_DIR)
+  --ulfm MODE        in-process recovery from killed ranks (docs/elastic.md):
+                     auto (default: TUTTI_RUN_ULFM, else auto) passes
+                     `--with-ft ulfm` to an Open MPI 5 mpirun when tutti-run
+                     has a directory every rank can reach for its completion
+                     check (the elastic directory, <ckpt-dir>/.tutti-run, or
+                     a private one when every rank runs on this host); on:
+                     always; off: never.  With it, a rank that dies while
+                     the program recovers in-process (the elastic loops) is
+                     survived by the others without a restart; elsewhere the
+                     job restarts as before.  Open MPI 5 then exits 0 even
+                     when every rank was killed: a job whose rank 0 started
+                     tutti but never shut it down counts as failed (76)
 
 Elastic mode (docs/elastic.md):
   --min-np N, --max-np M        run between N and M ranks; tutti-run passes
@@ -136,7 +148,7 @@ NUMBER_FLAGS = {
 STRING_FLAGS = {
     "--mpirun": "mpirun", "--host-discovery-script": "discovery_script",
     "--hostfile": "hostfile", "--elastic-dir": "elastic_dir", "--ckpt-dir": "ckpt_dir",
-    "--probe-command": "probe_command",
+    "--probe-command": "probe_command", "--ulfm": "ulfm",
 }
 # mpirun options that choose hosts or the size: tutti-run's in elastic mode.
 HOST_OPTIONS = ("-np", "-n", "-c", "--np", "-H", "-host", "--host", "-hostfile", "--hostfile",
@@ -178,6 +190,7 @@ def parse_args(argv):
         "leaving_ttl": 600.0, "probe_timeout": 10.0, "probe_command": None,
         "np_multiple_of": 1, "exit_grace": 30.0,
         "probe_concurrency": H.DEFAULT_PROBE_CONCURRENCY,
+        "ulfm": os.environ.get("TUTTI_RUN_ULFM") or "auto",
     }
     i = 0
     while i < len(argv):
@@ -220,6 +233,8 @@ def parse_args(argv):
               "wait_timeout", "leaving_ttl", "probe_timeout", "exit_grace"):
         if opts[k] < 0:
             die(f"--{k.replace('_', '-')} must be >= 0, got {opts[k]}")
+    if opts["ulfm"] not in ("auto", "on", "off"):
+        die(f"--ulfm {opts['ulfm']!r}: expected auto, on or off")
     if opts["probe_concurrency"] < 1:
         die(f"--probe-concurrency must be >= 1, got {opts['probe_concurrency']}")
     if elastic:

@@ -13,6 +13,8 @@ import time
 
 from . import hosts as H
 from . import memory
+from .cli import HOST_OPTIONS, MPIRUN_VALUES
+from .completion import Completion
 from .journal import Journal, committed_step
 
 PREEMPTED = 75
@@ -524,9 +526,12 @@ class Runner:
         # Held for the whole run (not only while ranks live), so that no sweep
         # removes the job's commits between two attempts.
         held = None if self.opts["ckpt_dir"] else memory.hold(self.job, log)
+        self.completion = Completion(self.opts, self.mpi_args, MPIRUN_VALUES, HOST_OPTIONS,
+                                     self.local, log)
         try:
             return self.run_jobs()
         finally:
+            self.completion.close()
             if held is not None:
                 os.close(held)
             memory.remove_job(self.job, log)
@@ -576,7 +581,9 @@ class Runner:
                     return status if attempt > 0 else 1
             os.environ["TUTTI_RESTART_COUNT"] = str(attempt)
             self.attempt = attempt
-            cmd = [self.opts["mpirun"]] + export + size_args + self.mpi_args
+            cmd = ([self.opts["mpirun"]] + export + size_args + self.completion.mpi_args() +
+                   self.mpi_args)
+            self.completion.prepare(attempt)
             step_before = self.progress_step()
             self.usr1_wanted = False
             self.usr1_sent = -1e18
@@ -608,6 +615,7 @@ class Runner:
                 status = self.exit_status if isinstance(self.exit_status, int) else COMM_FAILURE
             else:
                 status = self.judge_usr1_death(returncode, step)
+            status = self.completion.judge(attempt, status)
             self.journal.end(attempt, status, step)
             progressed = step is not None and (step_before is None or step > step_before)
             what = ("completed" if status == 0 else

@@ -204,6 +204,8 @@ void init(const InitOptions& options) {
     s.atexit_registered = true;
   }
   start_timeline_from_env();
+  // tutti-run's completion check (preemption/leaving.h).
+  if (s.world->rank() == 0) preempt::record_run_event("started", 0, s.world->size());
   TUTTI_LOG(kInfo) << "tutti initialised: rank " << s.world->rank() << " of "
                    << s.world->size() << " ("
                    << (s.use_mpi ? "MPI" : "local world of one")
@@ -215,6 +217,9 @@ void shutdown() {
   auto& s = state();
   std::lock_guard<std::recursive_mutex> lock(s.mu);
   if (!s.initialized) return;
+  // Before anything that could wait on a peer: the job got this far.
+  if (s.world && s.world->rank() == 0)
+    preempt::record_run_event("finished", 0, s.world->size());
   const Registered live = take_registered(s, /*forget=*/true);
   const auto& mpis = live.mpis;
   const auto& devices = live.devices;

@@ -304,6 +304,11 @@ const std::vector<SettingInfo> kSettings = {
     {"TUTTI_RESTART_BACKOFF_S", "float", "1",
      "tutti-run: delay before a restart, doubled for each further failure "
      "without progress (capped at 60 s)."},
+    {"TUTTI_RUN_ULFM", "string", "auto",
+     "tutti-run: its --ulfm default (auto, on, off): whether to pass Open MPI "
+     "5's --with-ft ulfm to mpirun, so that the elastic loops survive a killed "
+     "rank in-process (docs/elastic.md, tutti-run and in-process "
+     "recovery)."},
     // ---- elastic mode (set by tutti-run --min-np/--max-np; docs/elastic.md)
     {"TUTTI_ELASTIC", "bool", "0",
      "Set by tutti-run in elastic mode: the job may be restarted at another "
@@ -313,6 +318,13 @@ const std::vector<SettingInfo> kSettings = {
      "A rank whose own node received a stop notice (metadata, trigger file, "
      "a signal not forwarded by mpirun) writes leaving/<host> there, and "
      "tutti-run leaves that host out of the next start; empty: no record."},
+    {"TUTTI_RUN_DIR", "string", "",
+     "Set by tutti-run where it has a directory every rank can reach (<elastic "
+     "dir>/run, else <ckpt-dir>/.tutti-run, else a private one for "
+     "a job on its own host): world rank 0 writes started-<attempt> there "
+     "after init() and finished-<attempt> at shutdown(), so that tutti-run "
+     "can tell a completed job from one whose ranks were all killed (Open MPI "
+     "5's mpirun exits 0 then under --with-ft ulfm); empty: no record."},
     {"TUTTI_ELASTIC_MIN_NP", "int", "0",
      "Set by tutti-run in elastic mode: its --min-np."},
     {"TUTTI_ELASTIC_MAX_NP", "int", "0",

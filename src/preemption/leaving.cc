@@ -116,5 +116,28 @@ void record_exit(int status, const std::string& reason) {
   }
 }
 
+void record_run_event(const char* event, int rank, int size) {
+  const std::string dir = config::get_string("TUTTI_RUN_DIR");
+  if (dir.empty()) return;
+  const int attempt = config::get_int("TUTTI_RESTART_COUNT");
+  const nlohmann::json rec = {{"event", event},
+                              {"attempt", attempt},
+                              {"host", host_name()},
+                              {"pid", static_cast<int>(::getpid())},
+                              {"rank", rank},
+                              {"size", size},
+                              {"time", static_cast<double>(std::time(nullptr))}};
+  try {
+    ckpt::make_dirs(dir);
+    ckpt::write_file_atomic(dir, std::string(event) + "-" + std::to_string(attempt),
+                            rec.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) +
+                                "\n",
+                            0600);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[tutti] cannot record '%s' in TUTTI_RUN_DIR=%s: %s\n", event,
+                 dir.c_str(), e.what());
+  }
+}
+
 }  // namespace preempt
 }  // namespace tutti
