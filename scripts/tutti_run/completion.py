@@ -115,8 +115,8 @@ class Completion:
             os.environ["TUTTI_RUN_DIR"] = self.dir
         log("in-process recovery on (Open MPI 5 `--with-ft ulfm`" +
             (", passed by the user" if self.user_ft else "") +
-            "): the other ranks survive a killed one where the program recovers (the "
-            "elastic loops do); elsewhere the job restarts as before")
+            "): the other ranks survive a killed one where the program recovers "
+            "in-process (the elastic loops do)")
 
     def mpi_args(self):
         return ["--with-ft", "ulfm"] if self.add_ft else []
