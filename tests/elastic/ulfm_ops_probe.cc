@@ -28,6 +28,8 @@
 //       the writer thread).  The survivors' next collectives or the save's
 //       wait() raise kRanksLost; they recover, load step 2 at 3 ranks (step
 //       3 is incomplete and never loaded), save step 3 again, load it.
+//       With after_agree as 4th argument rank 2 dies once every shard was
+//       agreed: rank 0 publishes step 3, the survivors load it, save step 4.
 //   ulfm_ops_probe shrink DIR in-shrink|before-agree   rank 2 dies at
 //       iteration 10 of a loop of all-reduces; rank 3 dies during the
 //       recovery: while the others wait in the shrink (in-shrink), or
@@ -294,7 +296,12 @@ struct CkptModel : SlicedState {
   }
 };
 
-int run_ckpt(const std::string& dir, const std::string& ckpt_dir, std::ofstream& res) {
+// `point`: where rank 2 dies in step 3's save (a TUTTI_FAULT_INJECT point):
+// mid_shard_write (nothing is published) or after_agree (every shard was
+// durable and reported: rank 0 publishes step 3 without it).
+int run_ckpt(const std::string& dir, const std::string& ckpt_dir, const std::string& point,
+             std::ofstream& res) {
+  const bool published = point == "after_agree";
   const int me = rank();
   constexpr int kVictim = 2;
   Members m;
@@ -314,7 +321,7 @@ int run_ckpt(const std::string& dir, const std::string& ckpt_dir, std::ofstream&
   // Step 3: the victim's writer thread dies half-way through its shard.
   model.set(3);
   if (me == kVictim) {
-    setenv("TUTTI_FAULT_INJECT", "mid_shard_write:action=kill", 1);
+    setenv("TUTTI_FAULT_INJECT", (point + ":action=kill").c_str(), 1);
     config::reload();
     std::ofstream(dir + "/killed.rank" + std::to_string(me)) << std::fixed << wall_now() << "\n";
   }
@@ -336,7 +343,7 @@ int run_ckpt(const std::string& dir, const std::string& ckpt_dir, std::ofstream&
   }
   try {
     ckpt->wait();
-    EXPECT(false, "the save of step 3 completed although rank ", kVictim, " died writing it");
+    EXPECT(published, "the save of step 3 completed although rank ", kVictim, " died writing it");
   } catch (const Error& e) {
     EXPECT(e.code() == ErrorCode::kRanksLost, "the save's wait(): expected kRanksLost, got code ",
            static_cast<int>(e.code()), ": ", e.what());
@@ -345,35 +352,40 @@ int run_ckpt(const std::string& dir, const std::string& ckpt_dir, std::ofstream&
       first = e;
     }
   }
+  EXPECT(!failed_in.empty(), "rank ", kVictim, "'s death was not seen");
   const double detect = wall_now() - t0;
   EXPECT(detect < kBoundS, "the loss surfaced ", detect, " s after the save began");
   ckpt.reset();  // its communicator was revoked; rank 0's directory lock goes with it
   res << expect_loss_and_recover(first, dir, m, {kVictim}, failed_in) << std::endl;
-  // The half-written step 3 is never taken as complete.
+  // A half-written step 3 is never taken as complete; a published one is.
+  const int64_t newest = published ? 3 : 2;
   ckpt = std::make_unique<CheckpointManager>(world(), opts);
   model.shard();
   model.set(0);
   const std::optional<int64_t> loaded = ckpt->load_latest(parts);
-  EXPECT(loaded && *loaded == 2, "after recovery the newest complete step is ",
-         loaded ? *loaded : -1, ", expected 2");
-  model.expect(2, "step 2 loaded at 3 ranks");
+  EXPECT(loaded && *loaded == newest, "after recovery the newest complete step is ",
+         loaded ? *loaded : -1, ", expected ", newest);
+  model.expect(newest, "the newest complete step loaded at 3 ranks");
   for (const CheckpointInfo& c : ckpt->list())
-    EXPECT(c.step != 3 || !c.complete, "step 3 is listed complete: ", c.path);
-  // The next save after recovery succeeds.
-  model.set(3);
-  ckpt->save(3, parts);
+    EXPECT(c.step != 3 || c.complete == published, "step 3 is listed ",
+           c.complete ? "complete" : "incomplete", ": ", c.path);
+  // The next save after recovery succeeds (step 3 again where it was lost).
+  const int64_t next = newest + 1;
+  model.set(next);
+  ckpt->save(next, parts);
   ckpt->wait();
   model.set(0);
   const std::optional<int64_t> again = ckpt->load_latest(parts);
-  EXPECT(again && *again == 3, "the save after recovery loads as ", again ? *again : -1);
-  model.expect(3, "step 3 saved and loaded at 3 ranks");
+  EXPECT(again && *again == next, "the save after recovery loads as ", again ? *again : -1);
+  model.expect(next, "the save after recovery, loaded at 3 ranks");
   if (rank() == 0)
     for (const CheckpointInfo& c : ckpt->list())
-      if (c.step == 3) {
+      if (c.step == next) {
         const std::string problem = verify_checkpoint(c.path);
-        EXPECT(problem.empty(), "step 3 after recovery does not verify: ", problem);
+        EXPECT(problem.empty(), "step ", next, " after recovery does not verify: ", problem);
       }
-  res << "loaded_after_recovery=2 resaved=3 final_size=" << size() << std::endl;
+  res << "loaded_after_recovery=" << newest << " saved=" << next << " final_size=" << size()
+      << std::endl;
   return 0;
 }
 
@@ -450,7 +462,8 @@ int main(int argc, char** argv) {
     if (mode == "reducer")
       return run_reducer(dir, parse_kills(arg.c_str()), argc > 4 ? argv[4] : "flat", res);
     if (mode == "zero") return run_zero(dir, parse_kills(arg.c_str()), res);
-    if (mode == "ckpt") return run_ckpt(dir, arg, res);
+    if (mode == "ckpt")
+      return run_ckpt(dir, arg, argc > 4 ? argv[4] : "mid_shard_write", res);
     if (mode == "shrink") return run_shrink(dir, arg, res);
     throw Fail{"unknown mode " + mode};
   });

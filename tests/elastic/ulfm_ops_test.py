@@ -24,6 +24,9 @@ ckpt            an async CheckpointManager save of step 3 in flight: rank 2
                 is SIGKILLed half-way through its shard; the survivors
                 recover, load step 2 at 3 ranks (step 3 stays incomplete),
                 save step 3 again and load it.
+ckpt-published  rank 2 dies in step 3's save once every shard was agreed
+                (fault point after_agree): rank 0 publishes step 3 without
+                it; after recover() the survivors load step 3, save step 4.
 shrink-in       rank 2 dies; rank 3 dies while the others wait in recover()'s
                 shrink: one recover() loses both (-> 2 ranks); then rank 1
                 dies: a second recover() (-> 1 rank).
@@ -52,6 +55,7 @@ CASES = {
     "reducer-twice": (["reducer", "2:2,3:4", "flat"], [2, 3], ["2", "3"], [3, 2]),
     "zero": (["zero", "2:3"], [2], ["2"], [3]),
     "ckpt": (["ckpt", None], [2], ["2"], [3]),
+    "ckpt-published": (["ckpt", None, "after_agree"], [2], ["2"], [3]),
     "shrink-in": (["shrink", "in-shrink"], [2, 3, 1], ["2+3", "1"], [2, 1]),
     "shrink-agree": (["shrink", "before-agree"], [2, 3, 1], ["2+3", "1"], [2, 1]),
 }
@@ -101,6 +105,11 @@ def main():
         if case == "shrink-agree" and int(rec[0][4]) < 2:
             problems.append(f"start rank {r}: one shrink although rank 3 died before its "
                             f"agreement: {rec[0]}")
+        if case.startswith("ckpt"):
+            want = "loaded_after_recovery=3 saved=4" if case == "ckpt-published" else \
+                "loaded_after_recovery=2 saved=3"
+            if want not in (results[r] or ""):
+                problems.append(f"start rank {r}: no '{want}'")
         if f"final_size={sizes[-1]}" not in (results[r] or ""):
             problems.append(f"start rank {r}: no final_size={sizes[-1]}")
     return report(case, problems, log, survivors, results)
