@@ -183,6 +183,19 @@ size_t Watchdog::poll(Clock::time_point now) {
     std::lock_guard<std::mutex> relock(mu_);
     last_stall_warning_ = m;
   }
+  if (hooks_.ranks_lost && left > 0) {
+    const std::string lost = hooks_.ranks_lost();
+    if (!lost.empty()) {
+      break_with(Error(ErrorCode::kRanksLost,
+                       detail::cat(detail::rank_prefix(), oldest, ": ", lost, "; the ",
+                                   transport_, " communicator '", name_,
+                                   "' was aborted. Every communicator over the dead rank is "
+                                   "unusable now: the survivors call tutti::recover() "
+                                   "(tutti.recover()) to go on without it")),
+                 culprit);
+      return 0;
+    }
+  }
   if (hooks_.async_error) {
     const std::string err = hooks_.async_error();
     if (!err.empty()) {

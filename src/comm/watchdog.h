@@ -10,6 +10,8 @@
 //     from the overlapped agreement check)
 //   * the transport's asynchronous error       -> kCommFailure for the oldest
 //     op in flight (NCCL: ncclCommGetAsyncError)
+//   * a dead peer the MPI side knows of        -> kRanksLost for the oldest
+//     op in flight (ULFM: mpi::ulfm::failure_note(); docs/elastic.md)
 // A timeout and a stall warning name the ranks that never arrived when the
 // backend can ask its peers (Hooks::peers; NCCL: over the MPI side channel,
 // as the MPI communicator's own timeouts do).
@@ -61,6 +63,13 @@ class Watchdog {
     // The transport's asynchronous error: empty while healthy, else its
     // text.  Optional.
     std::function<std::string()> async_error;
+    // A dead process of the job, as the MPI side knows it (ULFM,
+    // mpi::ulfm::failure_note()): "" while none, else its text ("world
+    // rank 2 died ...").  Asked every pass while ops are in flight; an
+    // answer breaks the communicator with kRanksLost, so a device op
+    // blocked on a dead peer ends within a pass of MPI's detection
+    // instead of at its deadline.  Optional.
+    std::function<std::string()> ranks_lost;
     // Abandons everything in flight (ncclCommAbort).  Called once, on the
     // thread that breaks the communicator, without the watchdog's lock.
     std::function<void()> abort;

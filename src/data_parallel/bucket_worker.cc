@@ -72,12 +72,18 @@ void BucketWorker::loop() {
     lock.unlock();
     std::exception_ptr err;
     if (skipped) {
-      try {
-        TUTTI_THROW(kAborted, "bucket ", bucket,
-                    " was not reduced: an earlier bucket of this step failed");
-      } catch (...) {
-        err = std::current_exception();
-      }
+      // The cause's code travels on: a waiter that meets this bucket first
+      // (hierarchical: wait_bucket(k) waits for job k + 1) must see what
+      // failed, e.g. kRanksLost for a dead peer (the caller recovers on
+      // that code), not a kAborted of the worker's own making.
+      const Error cause = detail::error_of(skipped);
+      const std::string prefix = detail::rank_prefix();
+      std::string text = cause.message();
+      if (text.compare(0, prefix.size(), prefix) == 0) text.erase(0, prefix.size());
+      err = std::make_exception_ptr(Error(
+          cause.code(), detail::cat(prefix, "bucket ", bucket,
+                                    " was not reduced: an earlier bucket of this step failed: ",
+                                    text)));
     } else {
       try {
         job_(bucket);

@@ -6,8 +6,10 @@
 //
 // No allocation per step: the queue is a preallocated array reset at each
 // step's end.  After a job fails, the rest of the step's buckets are not run
-// (they fail with a "skipped" error): a rank that failed locally must not
-// issue later collectives its peers are not expecting to match.
+// (they fail with a "skipped" error carrying the first error's code, so a
+// waiter that meets one first sees e.g. kRanksLost): a rank that failed
+// locally must not issue later collectives its peers are not expecting to
+// match.
 #pragma once
 
 #include <condition_variable>

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -67,6 +68,10 @@ struct Harness {
                            std::to_string(seq - 1) + " allreduce, finished it)";
       };
     h.async_error = [this] { return async; };
+    h.ranks_lost = [this] {
+      std::lock_guard<std::mutex> lock(lost_mu);
+      return lost;
+    };
     h.abort = [this] { ++aborts; };
     h.on_broken = [this](const Error& e) {
       ++broken_calls;
@@ -81,6 +86,12 @@ struct Harness {
     return op;
   }
   std::string async;
+  std::mutex lost_mu;
+  std::string lost;  // Hooks::ranks_lost's answer (ULFM's failure note)
+  void lose(const std::string& note) {
+    std::lock_guard<std::mutex> lock(lost_mu);
+    lost = note;
+  }
   std::vector<std::pair<uint64_t, bool>> asked;  // peers(seq, stall) calls
   int aborts = 0;
   int broken_calls = 0;
@@ -224,6 +235,64 @@ TEST(Watchdog, AsyncErrorWithNothingInFlightStillBreaks) {
   EXPECT_EQ(h.dog->poll(), 0u);
   EXPECT_TRUE(h.dog->broken());
   EXPECT_TRUE(has(h.dog->cause(), "no operation in flight")) << h.dog->cause();
+}
+
+// ULFM (docs/elastic.md, "A killed process"): a dead process the MPI side
+// knows of ends the device ops in flight with kRanksLost, long before
+// their deadline, and aborts the transport once.
+TEST(Watchdog, ADeadPeerBreaksWithRanksLostNamingTheOldestOpInFlight) {
+  Harness h;
+  const auto t0 = Clock::now();
+  auto a = h.add(7, 100, t0), b = h.add(8, 0, t0);  // b: no deadline at all
+  EXPECT_EQ(h.dog->poll(t0), 2u);
+  h.lose("world rank 2 died (MPI's failure detector)");
+  EXPECT_EQ(h.dog->poll(t0 + milliseconds(1)), 0u);
+  EXPECT_TRUE(h.dog->broken());
+  EXPECT_EQ(h.aborts, 1);
+  EXPECT_EQ(h.broken_calls, 1);
+  EXPECT_EQ(h.broken_code, ErrorCode::kRanksLost);
+  auto fa = a->failure();
+  EXPECT_EQ(fa.first, ErrorCode::kRanksLost);
+  EXPECT_TRUE(has(fa.second, "allreduce #7 'grad': world rank 2 died")) << fa.second;
+  EXPECT_TRUE(has(fa.second, "tutti::recover()")) << fa.second;
+  auto fb = b->failure();
+  EXPECT_EQ(fb.first, ErrorCode::kAborted);
+  EXPECT_TRUE(has(fb.second, "world rank 2 died")) << fb.second;
+  // Later submissions fail at once, naming the cause.
+  auto c = h.add(9, 100, t0);
+  EXPECT_EQ(c->failure().first, ErrorCode::kAborted);
+  EXPECT_EQ(h.aborts, 1);
+}
+
+TEST(Watchdog, ADeadPeerWithNothingInFlightBreaksNothing) {
+  // recover() abandons an idle communicator; the watchdog leaves it alone.
+  Harness h;
+  h.lose("world rank 1 died");
+  EXPECT_EQ(h.dog->poll(), 0u);
+  EXPECT_FALSE(h.dog->broken());
+  EXPECT_EQ(h.aborts, 0);
+}
+
+TEST(Watchdog, ThreadEndsAnOpWithoutDeadlineOnceAPeerDied) {
+  // A kernel blocked on a dead peer with TUTTI_TIMEOUT=0: the polling
+  // thread alone ends it, within a few passes of the failure note.
+  Harness h;
+  h.dog->start_thread(std::chrono::microseconds(200));
+  auto hung = h.add(3, 0, Clock::now());
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(h.dog->broken());
+  const auto lost_at = Clock::now();
+  h.lose("world rank 3 died");
+  const auto give_up = lost_at + seconds(20);
+  while (!h.dog->broken() && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(1));
+  const double took = std::chrono::duration<double>(Clock::now() - lost_at).count();
+  h.dog->stop_thread();
+  ASSERT_TRUE(h.dog->broken());
+  EXPECT_EQ(hung->failure().first, ErrorCode::kRanksLost);
+  // The pause between passes is capped by TUTTI_MPI_WAIT_SLEEP_US (ms), far
+  // below this bound; a count, not a timing: it only rules out "never".
+  EXPECT_LT(took, 10.0);
 }
 
 TEST(Watchdog, AnOpThatReportsAMismatchBreaksWithThatError) {

@@ -16,83 +16,22 @@
 //       w = w / 2 + s * size(); v (float64[12], sharded in equal slices),
 //       v[i] += s * (i + 1).  Rank 0 at the end writes the state and the
 //       size at every step.
-#include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "tutti/tutti.h"
+#include "ulfm_probe_util.h"
 
 using namespace tutti;
+using namespace ulfm_probe;
 
 namespace {
-
-struct Kill {
-  int rank;
-  int64_t at;
-};
-
-std::vector<Kill> parse_kills(const char* spec) {
-  std::vector<Kill> out;
-  std::string s(spec);
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    Kill k{-1, -1};
-    long long at = -1;
-    if (std::sscanf(s.substr(pos, end - pos).c_str(), "%d:%lld", &k.rank, &at) == 2) {
-      k.at = at;
-      out.push_back(k);
-    }
-    pos = end + 1;
-  }
-  return out;
-}
-
-double wall_now() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// The dying rank leaves its time of death for the survivors' bound.
-[[noreturn]] void die(const std::string& dir, int start_rank) {
-  std::ofstream(dir + "/killed.rank" + std::to_string(start_rank)) << std::fixed << wall_now()
-                                                                   << "\n";
-  std::fflush(nullptr);
-  raise(SIGKILL);
-  _exit(9);
-}
-
-double killed_at(const std::string& dir, int start_rank) {
-  std::ifstream f(dir + "/killed.rank" + std::to_string(start_rank));
-  double t = 0;
-  f >> t;
-  return t;
-}
-
-struct Fail {
-  std::string what;
-};
-#define EXPECT(cond, ...)                                                        \
-  do {                                                                           \
-    if (!(cond)) throw Fail{detail_cat("check failed: " #cond " ", __VA_ARGS__)}; \
-  } while (0)
-template <typename... A>
-std::string detail_cat(const A&... a) {
-  std::ostringstream s;
-  (void)std::initializer_list<int>{((s << a), 0)...};
-  return s.str();
-}
 
 // --- allreduce -------------------------------------------------------------
 
@@ -167,24 +106,10 @@ int run_allreduce(const std::string& dir, const std::vector<Kill>& kills, std::o
 
 // --- elastic ---------------------------------------------------------------
 
-constexpr int64_t kLen = 12;
+constexpr int64_t kLen = SlicedState::kLen;
 
-struct Model : Stateful {
-  std::vector<double> w = std::vector<double>(4, 1.0);
-  std::vector<double> v;  // this rank's slice of the float64[12]
-  int64_t offset = 0;
-  void shard() {
-    const int64_t n = kLen / size();
-    offset = n * rank();
-    v.assign(static_cast<size_t>(n), 0.0);
-  }
-  StateDict state_dict() override {
-    ShardInfo si;
-    si.global_shape = {kLen};
-    si.dim = 0;
-    si.offset = offset;
-    return {{"w", Tensor::of(w), ShardInfo()}, {"v", Tensor::of(v), si}};
-  }
+struct Model : SlicedState {
+  Model() : SlicedState(1.0) {}
 };
 
 int run_elastic(const std::string& dir, const std::vector<Kill>& kills, int64_t steps,
@@ -258,35 +183,12 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1], dir = argv[2];
   const std::vector<Kill> kills = parse_kills(argv[3]);
-  init();
-  if (!recovery_available()) {
-    if (rank() == 0) std::printf("ulfm_probe: in-process recovery is not available here\n");
-    shutdown();
-    return 77;
-  }
-  const int start_rank = rank();
-  std::ofstream res(dir + "/result.rank" + std::to_string(start_rank));
-  int rc = 0;
-  try {
-    if (mode == "idle") {
-      // init and shutdown only
-    } else if (mode == "allreduce") {
+  return probe_main("ulfm_probe", dir, [&](std::ofstream& res) {
+    if (mode == "idle") return 0;  // init and shutdown only
+    if (mode == "allreduce") {
       RecoveryScope scope;
-      rc = run_allreduce(dir, kills, res);
-    } else {
-      rc = run_elastic(dir, kills, argc > 4 ? std::atoll(argv[4]) : 8, res);
+      return run_allreduce(dir, kills, res);
     }
-    res << "OK\n";
-  } catch (const Fail& f) {
-    res << "FAIL " << f.what << "\n";
-    std::fprintf(stderr, "start rank %d: %s\n", start_rank, f.what.c_str());
-    rc = 1;
-  } catch (const std::exception& e) {
-    res << "FAIL " << e.what() << "\n";
-    std::fprintf(stderr, "start rank %d: %s\n", start_rank, e.what());
-    rc = 1;
-  }
-  res.close();
-  shutdown();
-  return rc;
+    return run_elastic(dir, kills, argc > 4 ? std::atoll(argv[4]) : 8, res);
+  });
 }

@@ -30,25 +30,15 @@ torch-elastic    tutti.torch.elastic.run (ulfm_torch_probe.py, CPU): a
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
+
+from ulfm_common import (DETECT_BOUND_S, LAUNCH, MPI_ARGS, base_env, open_mpi_major,
+                         report, run_case)
 
 probe, mpiexec, case, tutti_run, python_pkg = sys.argv[1:6]
 NP = 4
 STEPS = 8
-DETECT_BOUND_S = 5.0  # docs/elastic.md: measured 0.01-0.1 s on one host
-
-
-def open_mpi_major(mpiexec):
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    m = re.search(r"Open MPI\)? (\d+)\.", out.stdout + out.stderr)
-    return int(m.group(1)) if m else 0
 
 
 def main():
@@ -59,12 +49,7 @@ def main():
     out, mem = os.path.join(tmp, "out"), os.path.join(tmp, "mem")
     os.makedirs(out)
     os.makedirs(mem)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "TUTTI_RESTART_COUNT"))}
-    # TUTTI_MEM_DIR and TUTTI_JOB_ID are set per attempt below.
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    for k in ("TUTTI_CKPT_DIR", "TUTTI_JOB_ID"):
-        env.pop(k, None)
+    env = base_env()  # TUTTI_MEM_DIR and TUTTI_JOB_ID are set per attempt
     if case == "allreduce":
         args, dead = ["allreduce", out, "2:20"], [2]
     elif case == "allreduce-twice":
@@ -76,52 +61,17 @@ def main():
     else:
         args, dead = ["elastic", out, "2:5", str(STEPS)], [2]
     program = [sys.executable] if case == "torch-elastic" else [probe]
-    mpi_args = ["--with-ft", "ulfm", "--oversubscribe", "--bind-to", "none", "-np", str(NP)]
+    mpi_args = MPI_ARGS + ["-np", str(NP)]
     if case == "elastic-tutti-run":
         # no TUTTI_JOB_ID: tutti-run sets its own
         cmd = [sys.executable, tutti_run, "--mpirun", mpiexec, "--backoff", "0",
                "--max-restarts", "1", "--"] + mpi_args + program + args
     else:
-        launch = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common",
-                              "launch.sh")
-        cmd = [launch, mpiexec] + mpi_args + program + args
-    # Open MPI 5.0.11's launcher sometimes ends the whole job (mpiexec exit
-    # 255) after the planned kill despite --with-ft ulfm: before any survivor
-    # recovered (twice in ~60 runs under a loaded ctest -j2), or at the end,
-    # after the survivors wrote their results (1 in ~10 runs of the five ulfm
-    # tests at -j2; under tutti-run it shows as 'job failed with status 255'
-    # and a restart).  Not tutti's doing: such an attempt is run again, from
-    # a fresh memory tier and output folder, at most twice, and said so.
-    for attempt in range(3):
-        if attempt:
-            shutil.rmtree(out)
-            os.makedirs(out)
-        env["TUTTI_MEM_DIR"] = os.path.join(mem, str(attempt))
-        os.makedirs(env["TUTTI_MEM_DIR"], exist_ok=True)
-        if case != "elastic-tutti-run":
-            env["TUTTI_JOB_ID"] = f"ulfm-{os.getpid()}-{attempt}"
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
-        log = p.stdout + p.stderr
-        aborted = p.returncode == 255 or "job failed with status 255" in log
-        if not aborted or attempt == 2:
-            break
-        print(f"attempt {attempt + 1}: the launcher ended the job (exit {p.returncode}"
-              f"{', then tutti-run restarted it' if 'job failed with status 255' in log else ''})"
-              "; running the case again")
-    if "in-process recovery is not available here" in log:
-        print("skipped: this tutti was built without ULFM")
-        return 77
-    problems = []
-    results = {}
-    for r in range(NP):
-        path = os.path.join(out, f"result.rank{r}")
-        results[r] = open(path).read() if os.path.exists(path) else None
-        if r in dead:
-            if not os.path.exists(os.path.join(out, f"killed.rank{r}")):
-                problems.append(f"start rank {r} did not die as planned")
-            continue
-        if results[r] is None or not results[r].rstrip().endswith("OK"):
-            problems.append(f"start rank {r}: {results[r]!r}")
+        cmd = [LAUNCH, mpiexec] + mpi_args + program + args
+    done, returncode, log, problems, results = run_case(
+        cmd, env, out, mem, NP, dead, job_id=case != "elastic-tutti-run")
+    if done is not None:
+        return done
     survivors = [r for r in range(NP) if r not in dead]
     for r in survivors:
         text = results[r] or ""
@@ -191,19 +141,12 @@ def main():
         if "recovered in-process: lost world rank(s) 2, 4 -> 3 ranks" not in log:
             problems.append("no recovery line in the log")
     if case == "elastic-tutti-run":
-        if p.returncode != 0 or "job completed" not in log:
-            problems.append(f"tutti-run exited {p.returncode} without 'job completed'")
+        if returncode != 0 or "job completed" not in log:
+            problems.append(f"tutti-run exited {returncode} without 'job completed'")
         if log.count("[tutti-run] starting ") != 1 or "restart" in log.replace(
                 "TUTTI_RESTART_COUNT", ""):
             problems.append("tutti-run started the job more than once")
-    if problems:
-        print("\n".join(problems))
-        print(log[-8000:])
-        return 1
-    print(f"ulfm {case}: OK")
-    for r in survivors:
-        print(f"start rank {r}: " + " | ".join((results[r] or "").strip().split("\n")))
-    return 0
+    return report(case, problems, log, survivors, results)
 
 
 sys.exit(main())

@@ -34,6 +34,11 @@ struct FtState {
   MPI_Comm base = MPI_COMM_NULL;  // null: MPI_COMM_WORLD
   std::function<void()> on_failure;
   std::atomic<bool> fired{false};
+  std::function<void(int)> shrink_hook;  // set_shrink_test_hook
+  // failure_note(): when MPI was last asked (steady clock, ns), and what it
+  // said then.
+  std::atomic<int64_t> asked_ns{0};
+  std::string note;
 };
 
 FtState& ft() {
@@ -158,11 +163,51 @@ void revoke(MPI_Comm comm) {
 #endif
 }
 
+std::string failure_note() {
+#if TUTTI_HAVE_ULFM
+  if (!enabled()) return "";
+  FtState& s = ft();
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  constexpr int64_t kEveryNs = 50 * 1000 * 1000;
+  const bool fired = s.fired.load();
+  if (!fired && now - s.asked_ns.load() < kEveryNs) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    return s.note;
+  }
+  s.asked_ns = now;
+  // A device communicator in a world without MPI (TUTTI_WORLD=local) under
+  // `--with-ft ulfm`, or one closing after MPI_Finalize: nothing to ask.
+  if (!is_initialized()) return "";
+  const std::vector<int> lost = failed_ranks(0);
+  std::string note;
+  if (!lost.empty())
+    note = detail::cat(lost.size() > 1 ? "world ranks " : "world rank ", rank_list(lost),
+                       " died (MPI's failure detector)");
+  else if (fired)
+    note = "a peer died (a kRanksLost was raised in this process)";
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.note = note;
+  return note;
+#else
+  return "";
+#endif
+}
+
+void set_shrink_test_hook(std::function<void(int attempt)> fn) {
+  FtState& s = ft();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.shrink_hook = std::move(fn);
+}
+
 void set_on_failure(std::function<void()> fn) {
   FtState& s = ft();
   std::lock_guard<std::mutex> lock(s.mu);
   s.on_failure = std::move(fn);
   s.fired = false;
+  s.note.clear();  // a recovery re-arms it: the dead are gone from base()
+  s.asked_ns = 0;
 }
 
 void throw_ranks_lost(int rc, const char* expr, const std::string& context, const char* file,
@@ -213,6 +258,12 @@ Shrunk shrink(MPI_Comm old, int max_attempts) {
     int rc = MPIX_Comm_shrink(current, &next);
     if (rc == MPI_SUCCESS) {
       MPI_Comm_set_errhandler(next, MPI_ERRORS_RETURN);
+      std::function<void(int)> hook;
+      {
+        std::lock_guard<std::mutex> lock(ft().mu);
+        hook = ft().shrink_hook;
+      }
+      if (hook) hook(out.attempts);
       // Every survivor holds the same `next`; a failure since the shrink
       // makes the agreement fail on every member (ULFM's guarantee), and
       // the shrink runs again over `next`.

@@ -49,6 +49,19 @@ void revoke(MPI_Comm comm);
 // promptly).  Re-armed by every call.
 void set_on_failure(std::function<void()> fn);
 
+// For the watchdogs of device operations (NCCL, comm/watchdog.h), asked at
+// every pass: "" while this process knows of no dead peer, else "world
+// rank(s) 2 died (...)": a kRanksLost raised on any thread of this process,
+// or MPI's failure detector (MPIX_Comm_get_failed on base(), asked at most
+// every 50 ms).  Always "" without ULFM.  Any thread.
+std::string failure_note();
+
+// Tests only (tests/elastic/ulfm_ops_probe.cc): `fn(attempt)` runs inside
+// shrink() after each MPIX_Comm_shrink that succeeded, before the
+// agreement that confirms it, so that a test process can die exactly
+// there; null removes it.
+void set_shrink_test_hook(std::function<void(int attempt)> fn);
+
 // What TUTTI_MPI_CHECK throws for an is_failure() code: Error(kRanksLost)
 // "rank R: <context>: world rank(s) 2 died (MPI_Xxx: <MPI's text>); call
 // tutti::recover() ...".  Runs the on-failure hook first.

@@ -14,6 +14,7 @@
 #include "comm/mpi/window_check.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/status_service.h"
+#include "comm/mpi/ulfm.h"
 #include "comm/nccl/nccl_utils.h"
 #include "comm/op_desc.h"
 #include "comm/op_window.h"
@@ -199,6 +200,10 @@ class NcclCommunicatorImpl {
   comm::Watchdog::Hooks hooks() {
     comm::Watchdog::Hooks h;
     h.async_error = [this] { return async_error(); };
+    // ULFM: a dead process of the job ends the ops in flight (kRanksLost)
+    // within a pass, instead of at TUTTI_TIMEOUT; recover() then abandons
+    // this communicator.
+    h.ranks_lost = [] { return mpi::ulfm::failure_note(); };
     h.abort = [this] { abort(); };
     h.on_broken = [](const Error& e) { comm::communicator_broke(e); };
     // Which ranks never arrived, asked over the host communicator's MPI
