@@ -14,7 +14,8 @@ tp       ulfm_tp_probe (TP 2 x DP 2, elastic_run with ElasticOptions::tp_size
          at DP 1 and finish.  Every forward output along the way and the
          final weights and accumulator equal the closed form replayed over
          the DP sizes the steps ran at (2 for steps 1-3, 1 for 4-6), exactly
-         (integers in float32).
+         (integers in float32).  Before training, recover(RecoveryOptions{3})
+         is refused with kInvalidArgument and the world still sums.
 sampler  ulfm_sampler_probe.py (tutti.torch.elastic.run, ElasticSampler over
          62 samples, 2 per rank and step, a commit every step): start rank 2
          dies in the middle of step 4.  The survivors resume from commit 3

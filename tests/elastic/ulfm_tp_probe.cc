@@ -18,6 +18,9 @@
 // leaves the job (exit 0), the other TP group goes on at DP 1 from the
 // commit of step KILL_STEP - 1.
 //
+// Before training: recover(RecoveryOptions{3}) at 4 ranks raises
+// kInvalidArgument and leaves the world as it was.
+//
 // Writes DIR/result.rank<R> (R: the rank at start) on the ranks that finish,
 // DIR/exit.rank<R> with the exit status of every rank that exits normally
 // (glibc on_exit), and on the final rank 0 DIR/state.json: acc, the full
@@ -231,6 +234,20 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     EXPECT(size() == 2 * kTp, "run at ", 2 * kTp, " ranks, not ", size());
+    // A tp_size that does not divide the world is refused before anything
+    // changes (no shrink, the world intact).
+    bool refused = false;
+    try {
+      RecoveryOptions bad;
+      bad.tp_size = 3;
+      recover(bad);
+    } catch (const Error& e) {
+      refused = e.code() == ErrorCode::kInvalidArgument;
+    }
+    double one = 1;
+    world()->allreduce(Tensor::of(&one, 1), ReduceOp::kSum, {"after refusal"});
+    EXPECT(refused && one == size(), "recover(tp_size 3) at ", size(), " ranks: refused ",
+           refused, ", world sums ", one);
     rc = run(g_dir, std::atoi(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), res);
     res << "OK\n";
   } catch (const Fail& f) {
