@@ -419,7 +419,7 @@ RecoveryResult recover(const RecoveryOptions& options) {
   out.leaving = std::find(drop.left.begin(), drop.left.end(), me) != drop.left.end();
   if (drop.left.empty()) return out;  // the dead were whole TP groups: nothing more leaves
   if (drop.stayers == 0)
-    TUTTI_THROW(kRanksLost, "rank ", out.new_rank, ": after losing world rank(s) ",
+    TUTTI_THROW(kRanksLost, "after losing world rank(s) ",
                 ranks_list(out.lost), " every tensor-parallel group of ", tp,
                 " lost a member: no complete model replica survives in-process (the job "
                 "must restart from its last commit)");

@@ -16,6 +16,12 @@ tp       ulfm_tp_probe (TP 2 x DP 2, elastic_run with ElasticOptions::tp_size
          the DP sizes the steps ran at (2 for steps 1-3, 1 for 4-6), exactly
          (integers in float32).  Before training, recover(RecoveryOptions{3})
          is refused with kInvalidArgument and the world still sums.
+tp-all   ulfm_tp_probe with start ranks 1 and 2 dying in step 4, one in each
+         TP group: no complete replica survives, so recovery is refused on
+         both survivors ("every tensor-parallel group of 2 lost a member",
+         kRanksLost) and the error propagates from elastic_run (the restart
+         path): each survivor ends with its error (status 1), none leaves as
+         a TP partner, nothing hangs.
 sampler  ulfm_sampler_probe.py (tutti.torch.elastic.run, ElasticSampler over
          62 samples, 2 per rank and step, a commit every step): start rank 2
          dies in the middle of step 4.  The survivors resume from commit 3
@@ -143,6 +149,24 @@ def check_tp(out, rc, log, problems):
     print(f"launcher exit status {rc}")
 
 
+def check_tp_all(out, rc, log, problems):
+    for r in (1, 2):
+        if read(os.path.join(out, f"killed.rank{r}")) is None:
+            problems.append(f"start rank {r} did not die as planned")
+    for r in (0, 3):
+        text = read(os.path.join(out, f"result.rank{r}")) or ""
+        if not text.startswith("FAIL") or "died" not in text:
+            problems.append(f"start rank {r}: {text!r}, expected the loss as its error")
+        if (read(os.path.join(out, f"exit.rank{r}")) or "").strip() != "1":
+            problems.append(f"start rank {r} exited with "
+                            f"{read(os.path.join(out, f'exit.rank{r}'))!r}, expected 1")
+    if log.count("every tensor-parallel group of 2 lost a member") != 2:
+        problems.append("the survivors did not both say that no complete TP group survives")
+    if "leaves the job" in log:
+        problems.append("a rank left as a TP partner although nobody went on")
+    print(f"launcher exit status {rc}")
+
+
 # ---- sampler ----------------------------------------------------------------------------
 
 def check_sampler(out, rc, log, problems, tp):
@@ -211,8 +235,9 @@ def main():
         return 77
     tmp = tempfile.mkdtemp(prefix="tutti-ulfm-mesh-")
     out, mem = os.path.join(tmp, "out"), os.path.join(tmp, "mem")
-    if case == "tp":
-        program = [probe, out, str(TP_KILL), str(TP_STEP), str(TP_STEPS)]
+    if case in ("tp", "tp-all"):
+        kills = str(TP_KILL) if case == "tp" else "1,2"
+        program = [probe, out, kills, str(TP_STEP), str(TP_STEPS)]
     else:
         program = [sys.executable, os.path.join(HERE, "ulfm_sampler_probe.py"), out,
                    str(SP_KILL), str(SP_STEP), str(SP_N), str(SP_BATCH),
@@ -224,6 +249,8 @@ def main():
     problems = []
     if case == "tp":
         check_tp(out, rc, log, problems)
+    elif case == "tp-all":
+        check_tp_all(out, rc, log, problems)
     else:
         check_sampler(out, rc, log, problems, 2 if case == "sampler-tp" else 1)
     if problems:

@@ -3,7 +3,7 @@
 // tests/elastic/ulfm_mesh_test.py under Open MPI 5's `mpiexec --with-ft ulfm`.
 // Exits 77 where recovery is not available.
 //
-//   ulfm_tp_probe DIR KILL_RANK KILL_STEP STEPS   (np 4, TP 2 x DP 2)
+//   ulfm_tp_probe DIR KILL_RANKS KILL_STEP STEPS   (np 4, TP 2 x DP 2)
 //
 // Model: a ColumnParallelLinear(4 -> 4, no bias, output kept sharded) into a
 // RowParallelLinear(4 -> 2, no bias, input parallel), float32, full weights
@@ -13,10 +13,12 @@
 // all-reduce), checks y against the host closed form, acc += the sum of y
 // over the DP replicas, then every weight element += s * D.  Every value is
 // an integer below 2^24, so float32 is exact and every check is equality.
-// elastic_run commits each step to the memory tier; KILL_RANK (numbered at
-// start) SIGKILLs itself after step KILL_STEP's forward: its TP partner
-// leaves the job (exit 0), the other TP group goes on at DP 1 from the
-// commit of step KILL_STEP - 1.
+// elastic_run commits each step to the memory tier; KILL_RANKS ("1", or
+// "1,2": ranks numbered at start) SIGKILL themselves after step KILL_STEP's
+// forward.  One rank: its TP partner leaves the job (exit 0), the other TP
+// group goes on at DP 1 from the commit of step KILL_STEP - 1.  A rank of
+// each TP group: no complete replica survives, recovery is refused
+// (kRanksLost) and the error propagates from elastic_run (the restart path).
 //
 // Before training: recover(RecoveryOptions{3}) at 4 ranks raises
 // kInvalidArgument and leaves the world as it was.
@@ -29,6 +31,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -137,8 +140,8 @@ struct Model : Stateful {
   }
 };
 
-int run(const std::string& dir, int kill_rank, int64_t kill_step, int64_t steps,
-        std::ofstream& res) {
+int run(const std::string& dir, const std::vector<int>& kill_ranks, int64_t kill_step,
+        int64_t steps, std::ofstream& res) {
   const int start_rank = rank();
   Model model;
   model.build();
@@ -177,7 +180,9 @@ int run(const std::string& dir, int kill_rank, int64_t kill_step, int64_t steps,
       for (int64_t k = 0; k < kOut; ++k)
         EXPECT(y[k] == want[k], "step ", step, ": y[", k, "] = ", y[k], " closed form ",
                want[k], " (DP ", dp, ", replica ", mesh.dp_rank(), ")");
-      if (start_rank == kill_rank && step == kill_step) {
+      const bool dies =
+          std::find(kill_ranks.begin(), kill_ranks.end(), start_rank) != kill_ranks.end();
+      if (dies && step == kill_step) {
         std::ofstream(dir + "/killed.rank" + std::to_string(start_rank)) << step << "\n";
         std::fflush(nullptr);
         raise(SIGKILL);
@@ -218,7 +223,7 @@ int run(const std::string& dir, int kill_rank, int64_t kill_step, int64_t steps,
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: ulfm_tp_probe DIR KILL_RANK KILL_STEP STEPS\n");
+    std::fprintf(stderr, "usage: ulfm_tp_probe DIR KILL_RANKS KILL_STEP STEPS\n");
     return 2;
   }
   g_dir = argv[1];
@@ -248,7 +253,10 @@ int main(int argc, char** argv) {
     world()->allreduce(Tensor::of(&one, 1), ReduceOp::kSum, {"after refusal"});
     EXPECT(refused && one == size(), "recover(tp_size 3) at ", size(), " ranks: refused ",
            refused, ", world sums ", one);
-    rc = run(g_dir, std::atoi(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), res);
+    std::vector<int> kills;  // "1" or "1,2"
+    std::istringstream spec(argv[2]);
+    for (std::string item; std::getline(spec, item, ',');) kills.push_back(std::stoi(item));
+    rc = run(g_dir, kills, std::atoll(argv[3]), std::atoll(argv[4]), res);
     res << "OK\n";
   } catch (const Fail& f) {
     res << "FAIL " << f.what << "\n";
