@@ -44,6 +44,13 @@ struct ElasticOptions {
   // The program's own PreemptionMonitor (one per process owns the signals);
   // null: ElasticState makes one with the TUTTI_PREEMPT_* settings.
   PreemptionMonitor* monitor = nullptr;
+  // A TP x DP job (tutti::ProcessMesh with this tp_size over the world): a
+  // recovery drops a TP group that lost a member as a whole DP replica; its
+  // survivors end their process with exit code 0 (logged), the others go
+  // on (recover(RecoveryOptions), recovery.h; docs/elastic.md, "Tensor
+  // parallel jobs").  Rebuild the mesh and its layers in a reset callback.
+  // 1: no tensor parallelism.
+  int tp_size = 1;
 };
 
 class TUTTI_API ElasticState {
@@ -92,9 +99,12 @@ class TUTTI_API ElasticState {
 // lost rank (kRanksLost) where recovery_available(): the survivors
 // recover(), the reset callbacks run (over the new world, before the load:
 // they rebuild groups and re-lay out sharded state for the new size), the
-// newest commit is loaded at the new size, and `train` is called again (at most once per loss; refused, with
-// the error propagating as before, when the state's group is not the world,
-// nothing was committed, or fewer than TUTTI_ULFM_MIN_SIZE ranks survive).
+// newest commit is loaded at the new size, and `train` is called again (at
+// most once per loss; refused, with the error propagating as before, when
+// the state's group is not the world, nothing was committed, or fewer than
+// TUTTI_ULFM_MIN_SIZE ranks survive).  With ElasticOptions::tp_size > 1 the
+// survivors of a TP group that lost a member do not return: they shut tutti
+// down and exit the process with code 0.
 TUTTI_API int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& train);
 
 }  // namespace tutti

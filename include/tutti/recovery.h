@@ -30,6 +30,19 @@ struct RecoveryResult {
   int new_rank = 0;       // tutti::rank() from now on (survivors keep their order)
   int attempts = 0;       // shrinks it took (a rank died during one: 2)
   double seconds = 0;     // time spent in recover()
+  // recover(RecoveryOptions) with tp_size > 1 only: the survivors whose
+  // tensor-parallel group lost a member, as world ranks before the recovery
+  // (they leave the job with their group; new_size and new_rank count the
+  // others; new_rank is -1 on a leaving rank), and whether this rank is
+  // one of them.
+  std::vector<int> left;
+  bool leaving = false;
+};
+
+struct RecoveryOptions {
+  // The world is a TP x DP mesh (tutti::ProcessMesh: tp_size consecutive
+  // world ranks form a TP group).  1: no tensor parallelism.
+  int tp_size = 1;
 };
 
 // True when this run can recover in-process: tutti runs over an MPI built
@@ -60,5 +73,20 @@ class TUTTI_API RecoveryScope {
 // kAborted; build new groups from world().  Error(kUnsupported) when
 // recovery_available() is false; kRanksLost when the shrink kept failing.
 TUTTI_API RecoveryResult recover();
+
+// Tensor-parallel jobs (docs/elastic.md, "Tensor parallel jobs"): recover(),
+// then a TP group that lost a member drops out as a whole DP replica.  Its
+// surviving members get leaving = true: tutti's world over them is released
+// (every op on it fails with kAborted) and they should end the process
+// (elastic_run and tutti.torch.elastic.run exit 0 for them, logged).  The
+// others form the new world in their old order: complete TP groups stay
+// contiguous and every rank keeps its TP index (world rank % tp_size, its
+// weight shards), only DP ranks move down; build the ProcessMesh again over
+// world() with the same tp_size.  Collective among the survivors;
+// kInvalidArgument when tp_size does not divide the world size (checked
+// before anything changes); kRanksLost when no complete TP group survives
+// (then nothing can go on in-process: the restart path) or a rank died
+// during the split.  tp_size 1 is recover().
+TUTTI_API RecoveryResult recover(const RecoveryOptions& options);
 
 }  // namespace tutti

@@ -339,11 +339,13 @@ void bind_comm(pyb::module_& m) {
   m.def("recovery_available", &recovery_available,
         "Whether lost ranks can be recovered from in this process: an MPI with "
         "ULFM launched with `mpiexec --with-ft ulfm`, TUTTI_ULFM=1.");
-  m.def("recover", [] {
+  m.def("recover", [](int tp_size) {
     RecoveryResult r;
     {
       pyb::gil_scoped_release nogil;
-      r = recover();
+      RecoveryOptions o;
+      o.tp_size = tp_size;
+      r = recover(o);
     }
     pyb::dict d;
     d["lost"] = r.lost;
@@ -352,11 +354,18 @@ void bind_comm(pyb::module_& m) {
     d["new_rank"] = r.new_rank;
     d["attempts"] = r.attempts;
     d["seconds"] = r.seconds;
+    d["left"] = r.left;
+    d["leaving"] = r.leaving;
     return d;
-  }, "Collective among the survivors after a RanksLostError: shrinks the world to "
+  }, pyb::arg("tp_size") = 1,
+     "Collective among the survivors after a RanksLostError: shrinks the world to "
      "them (tutti.world(), rank(), size() describe them after it) and releases every "
-     "group over the old one (their ops raise AbortedError).  Returns {'lost': [world "
-     "ranks], 'old_size', 'new_size', 'new_rank', 'attempts', 'seconds'}.");
+     "group over the old one (their ops raise AbortedError).  tp_size > 1 (a TP x DP "
+     "mesh, TP groups of consecutive ranks): a TP group that lost a member leaves "
+     "whole; its survivors get 'leaving': True and should end the process, the others "
+     "keep their order and TP index (docs/elastic.md, \"Tensor parallel jobs\").  "
+     "Returns {'lost': [world ranks], 'old_size', 'new_size', 'new_rank', 'attempts', "
+     "'seconds', 'left': [world ranks that leave with their TP group], 'leaving'}.");
   pyb::class_<RecoveryScope>(m, "RecoveryScope",
                              "While one lives, a lost rank is raised as RanksLostError "
                              "even under tutti-run (TUTTI_EXIT_ON_COMM_FAILURE), for an "

@@ -1,4 +1,5 @@
 // tutti::init / shutdown and the world group.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -348,6 +349,116 @@ int local_rank() {
 int local_size() {
   world();
   return state().local_size;
+}
+
+// ---- Tensor-parallel jobs: a TP group that lost a member leaves whole -------
+
+namespace {
+
+// Which survivors of a TP x DP world stay after `lost` died: the members of
+// TP groups (tp consecutive ranks of the old world) that lost nobody.
+struct TpDrop {
+  std::vector<int> survivors;  // old world ranks, in order (the shrunken world's)
+  std::vector<int> left;       // survivors of incomplete TP groups
+  int stayers = 0;
+};
+
+std::string ranks_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += detail::cat(out.empty() ? "" : ",", r);
+  return out;
+}
+
+TpDrop tp_drop(int old_size, const std::vector<int>& lost, int tp) {
+  std::vector<bool> dead(static_cast<size_t>(old_size), false);
+  std::vector<bool> broken(static_cast<size_t>(old_size / tp), false);
+  for (int r : lost) {
+    dead[static_cast<size_t>(r)] = true;
+    broken[static_cast<size_t>(r / tp)] = true;
+  }
+  TpDrop d;
+  for (int r = 0; r < old_size; ++r) {
+    if (dead[static_cast<size_t>(r)]) continue;
+    d.survivors.push_back(r);
+    if (broken[static_cast<size_t>(r / tp)])
+      d.left.push_back(r);
+    else
+      ++d.stayers;
+  }
+  return d;
+}
+
+// Every communicator over tutti's current world (the survivors', healthy,
+// built by recover() moments ago) closed as shutdown() closes them, on every
+// survivor alike.  Not abandon(): its revoke could reach a member that freed
+// the communicator already, which Open MPI 5.0.11 does not survive
+// (ompi_comm_revoke_local on a freed communicator: a segfault).  Holds s.mu.
+void close_world(WorldState& s) {
+  const Registered live = take_registered(s, /*forget=*/true);
+  for (auto& c : live.devices) c->close();
+  for (auto& c : live.mpis) c->close();
+  mpi::StatusService::instance().stop();
+}
+
+}  // namespace
+
+RecoveryResult recover(const RecoveryOptions& options) {
+  const int tp = options.tp_size;
+  {
+    auto& s = state();
+    std::lock_guard<std::recursive_mutex> lock(s.mu);
+    TUTTI_ARG_CHECK(s.initialized, "tutti is not initialised: call tutti::init() first");
+    // The same verdict on every rank (one world size), before anything changes.
+    TUTTI_ARG_CHECK(tp >= 1 && s.world->size() % tp == 0, "tutti::recover: tp_size ", tp,
+                    " must be positive and divide the world size ", s.world->size(),
+                    " (the TP x DP mesh the job ran on)");
+  }
+  RecoveryResult out = recover();
+  if (tp == 1) return out;
+  auto& s = state();
+  std::lock_guard<std::recursive_mutex> lock(s.mu);
+  const auto t0 = std::chrono::steady_clock::now();
+  const TpDrop drop = tp_drop(out.old_size, out.lost, tp);
+  const int me = drop.survivors.at(static_cast<size_t>(out.new_rank));  // old world rank
+  out.left = drop.left;
+  out.leaving = std::find(drop.left.begin(), drop.left.end(), me) != drop.left.end();
+  if (drop.left.empty()) return out;  // the dead were whole TP groups: nothing more leaves
+  if (drop.stayers == 0)
+    TUTTI_THROW(kRanksLost, "after losing world rank(s) ",
+                ranks_list(out.lost), " every tensor-parallel group of ", tp,
+                " lost a member: no complete model replica survives in-process (the job "
+                "must restart from its last commit)");
+  // The survivors' world is closed on every one of them, then the
+  // shrunken base is split: the leavers get no communicator, the stayers one
+  // in their old order (key: their rank among the survivors).
+  close_world(s);
+  MPI_Comm stay = MPI_COMM_NULL;
+  TUTTI_MPI_CHECK(MPI_Comm_split(mpi::ulfm::base(), out.leaving ? MPI_UNDEFINED : 0,
+                                 out.new_rank, &stay),
+                  "recovery: dropping the incomplete tensor-parallel groups");
+  const int survivors = out.new_size;
+  if (out.leaving) {
+    // world() stays the closed survivors' world: every op on it fails with
+    // kAborted, nothing is computed alone by mistake.
+    out.new_rank = -1;
+    out.new_size = drop.stayers;
+  } else {
+    TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(stay, MPI_ERRORS_RETURN), "recovery");
+    s.world.reset();
+    s.world_mpi.reset();
+    mpi::ulfm::set_base(stay);
+    build_mpi_world(s, stay);
+    out.new_size = s.world->size();
+    out.new_rank = s.world->rank();
+  }
+  out.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (out.new_rank == 0 || (out.leaving && me == drop.left.front()))
+    TUTTI_LOG(kInfo) << "recovered a TP x DP mesh: tensor-parallel group(s) that lost world "
+                     << "rank(s) " << ranks_list(out.lost) << " leave whole (their "
+                     << "survivors " << ranks_list(drop.left) << "); " << survivors
+                     << " -> " << drop.stayers << " ranks, TP " << tp << " x DP "
+                     << drop.stayers / tp;
+  return out;
 }
 
 }  // namespace tutti

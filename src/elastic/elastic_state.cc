@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -183,6 +185,28 @@ void ElasticState::on_reset(std::function<void()> callback) {
 
 namespace {
 
+// This rank's tensor-parallel group lost a member (ElasticOptions::tp_size):
+// the rest of the job goes on without the group, this process ends cleanly
+// (exit code 0, not a failure for the launcher or tutti-run).
+[[noreturn]] void leave_with_tp_group(ElasticState::Impl& s, const RecoveryResult& r) {
+  std::string lost;
+  for (int x : r.lost) lost += detail::cat(lost.empty() ? "" : ",", x);
+  TUTTI_LOG(kWarn) << "elastic: this rank's tensor-parallel group (TP " << s.options.tp_size
+                   << ") lost world rank(s) " << lost << ": it leaves the job as a whole DP "
+                   << "replica, the other " << r.new_size << " ranks go on from the commit of "
+                   << "step " << s.step << "; exiting with code 0";
+  s.running = false;
+  s.manager.reset();  // its communicators were released by the recovery
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    TUTTI_LOG(kError) << "shutdown before leaving the job failed: " << e.what();
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::exit(0);
+}
+
 // A lost rank inside elastic_run: tutti::recover(), the newest commit at the
 // new size, the reset callbacks; or, where that cannot be, the error as
 // without ULFM (under tutti-run: exit 76, and a restart).
@@ -193,11 +217,15 @@ void recover_or_raise(ElasticState::Impl& s, const Error& lost,
   RecoveryResult r;
   if (why.empty()) {
     try {
-      r = recover();
+      RecoveryOptions ro;
+      ro.tp_size = s.options.tp_size;
+      r = recover(ro);
       const int64_t min_size = config::get_int("TUTTI_ULFM_MIN_SIZE");
       if (r.new_size < min_size)
         why = detail::cat(r.new_size, " ranks survive, fewer than TUTTI_ULFM_MIN_SIZE=",
                           min_size);
+      else if (r.leaving)
+        leave_with_tp_group(s, r);
       else
         s.rebuild_after_recovery();
     } catch (const Error& e) {
@@ -227,6 +255,9 @@ void recover_or_raise(ElasticState::Impl& s, const Error& lost,
 
 int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& train) {
   ElasticState::Impl& s = *state.impl_;
+  TUTTI_ARG_CHECK(s.options.tp_size >= 1 && s.group->size() % s.options.tp_size == 0,
+                  "elastic_run: ElasticOptions::tp_size ", s.options.tp_size,
+                  " must be positive and divide the group's ", s.group->size(), " ranks");
   const std::optional<LoadResult> r = s.manager->load(s.components);
   if (r) {
     s.step = r->step;

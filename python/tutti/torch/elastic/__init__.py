@@ -74,20 +74,34 @@ def _restart_count():
         return 0
 
 
-def _recover(state, lost):
+def _leave_with_tp_group(state, r, tp_size):
+    """This rank's tensor-parallel group lost a member: the other ranks go on
+    without the group, this process ends with exit code 0 (SystemExit)."""
+    lost = ",".join(str(x) for x in r["lost"])
+    _runtime.log(f"this rank's tensor-parallel group (TP {tp_size}) lost world rank(s) {lost}: "
+                 f"it leaves the job as a whole DP replica, the other {r['new_size']} ranks go "
+                 f"on from commit {state.commit_step}; exiting with code 0")
+    _runtime._objects["manager"] = None  # its communicators were released by recover()
+    _C.shutdown()
+    raise SystemExit(0)
+
+
+def _recover(state, lost, tp_size=1):
     """After a RanksLostError inside ``run``: tutti.recover(), a checkpoint
     manager over the new world, the reset callbacks (before the load: they
     rebuild what spans the world), the newest commit loaded at the new size,
     sync().  False (the error then propagates: under tutti-run the process
     exits 76 and the job restarts) when nothing was committed, fewer than
-    TUTTI_ULFM_MIN_SIZE ranks survive, or the recovery failed."""
+    TUTTI_ULFM_MIN_SIZE ranks survive, or the recovery failed.  With
+    ``tp_size`` > 1 the survivors of a TP group that lost a member leave
+    (SystemExit(0))."""
     import time
     t0 = time.monotonic()
     if state.commit_step <= 0:
         _runtime.log(f"no in-process recovery: nothing was committed yet ({lost})")
         return False
     try:
-        r = _C.recover()
+        r = _C.recover(tp_size=tp_size)
     except _C.RanksLostError as e:
         _runtime.log(f"no in-process recovery: {e}")
         return False
@@ -96,6 +110,8 @@ def _recover(state, lost):
         _runtime.log(f"no in-process recovery: {r['new_size']} ranks survive, fewer than "
                      f"TUTTI_ULFM_MIN_SIZE={min_size}")
         return False
+    if r["leaving"]:
+        _leave_with_tp_group(state, r, tp_size)
     _runtime._objects["manager"] = None  # its communicators were released by recover()
     state.on_reset()
     if state._durable_load() is None:
@@ -111,14 +127,25 @@ def _recover(state, lost):
     return True
 
 
-def run(func):
+def run(func=None, *, tp_size=1):
     """Horovod's ``@hvd.elastic.run``: ``func(state, *args, **kwargs)`` runs
     once per process, from the newest commit.  A HostsUpdatedInterrupt
     commits and exits with 75 (SystemExit); a communication failure ends the
     process (its error propagates) so tutti-run restarts the job from the
     last commit, except lost ranks where ``tutti.recovery_available()``:
     then the survivors recover in-process and ``func`` runs again from the
-    newest commit at the new size."""
+    newest commit at the new size.
+
+    ``@hvd.elastic.run(tp_size=T)``: the world is a TP x DP mesh (TP groups
+    of T consecutive ranks); a recovery drops a TP group that lost a member
+    as a whole DP replica: its survivors exit with code 0 (SystemExit), the
+    others keep their TP index and go on (rebuild the mesh in a reset
+    callback; docs/elastic.md, "Tensor parallel jobs")."""
+    if func is None:
+        return functools.partial(run, tp_size=tp_size)
+    if int(tp_size) < 1:
+        raise _C.InvalidArgumentError(f"tutti.torch.elastic.run: tp_size {tp_size} must be "
+                                      "positive")
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -139,7 +166,7 @@ def run(func):
                     state._leave(interrupt)
                     raise   # not reached: _leave raises SystemExit
                 except _C.RanksLostError as e:
-                    if scope is None or not _recover(state, e):
+                    if scope is None or not _recover(state, e, int(tp_size)):
                         raise
                 except COMM_FAILURES as e:
                     _runtime.log(f"{type(e).__name__}: the communicator cannot be repaired in "

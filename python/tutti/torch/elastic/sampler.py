@@ -13,7 +13,18 @@ restarts the deal from that position at the new W: no sample is repeated or
 skipped.  The one repetition is Horovod's (and DistributedSampler's) tail
 padding: when W does not divide what is left of an epoch, the first
 ``W - left % W`` remaining samples are dealt twice so every rank has as many
-samples (and batches) as the others.
+samples (and batches) as the others; ``padding(batch_idx, batch_size)`` marks
+them (give them weight 0 to train every sample exactly once).
+
+The deal is :func:`deal` (no communication): after an in-process recovery
+from W to W' ranks (docs/elastic.md, "The sampler after a recovery") the
+committed position is loaded and rank r' of W' takes the r'-th, (r'+W')-th,
+... of the positions left; what the ranks recorded after the last commit is
+dropped with the rest of the uncommitted step.
+
+A tensor-parallel job (``tp_size`` > 1, TP groups of consecutive ranks)
+deals by data-parallel replica: the ``tp_size`` ranks of a TP group get the
+same samples (replica ``rank // tp_size`` of ``size // tp_size``).
 """
 import numpy as np
 import torch
@@ -25,6 +36,23 @@ from ..functions import allgather_object
 _FORMAT = 1
 
 
+def deal(remaining, rank, world):
+    """Rank ``rank`` of ``world``'s share of ``remaining`` (the epoch's
+    positions not yet processed, ascending): round-robin, the r-th,
+    (r+W)-th, ... of them, the list tail-padded with its own head (cyclically,
+    when fewer are left than ranks) to a multiple of W so every rank gets
+    ceil(len / W).  Returns (positions,
+    padded): the last ``padded`` (0 or 1) of them repeat a sample dealt to
+    another rank."""
+    left = np.asarray(remaining, dtype=np.int64)
+    per_rank = -(-len(left) // world)
+    if len(left):
+        left = np.resize(left, per_rank * world)   # cyclic: fewer left than ranks too
+    mine = left[rank::world]
+    padded = 1 if per_rank and rank + (per_rank - 1) * world >= len(remaining) else 0
+    return mine, padded
+
+
 class ElasticSampler(torch.utils.data.Sampler):
     """Horovod's ``hvd.elastic.ElasticSampler(dataset, shuffle=True,
     seed=0)``: call ``set_epoch(e)`` at the start of each epoch and
@@ -32,12 +60,17 @@ class ElasticSampler(torch.utils.data.Sampler):
     each trained batch; keep the sampler in a ``TorchState`` so its position
     is committed and restored with the model."""
 
-    def __init__(self, dataset, shuffle=True, seed=0):
+    def __init__(self, dataset, shuffle=True, seed=0, tp_size=1):
         # torch.utils.data.Sampler.__init__ takes nothing (or a deprecated
         # data_source) depending on the torch version: not called.
         self.dataset = dataset
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
+        if int(tp_size) < 1:
+            raise error(_C.InvalidArgumentError,
+                        f"ElasticSampler: tp_size {tp_size} must be positive")
+        self.tp_size = int(tp_size)
+        self._iter_padded = 0
         self.epoch = 0
         self._n = len(dataset)
         self._agreed = np.zeros(self._n, dtype=bool)   # identical on every rank
@@ -75,12 +108,7 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def _deal(self):
         """This rank's positions of what is left: round-robin, tail padded."""
-        left = self._remaining()
-        w = self.num_replicas
-        per_rank = -(-len(left) // w)
-        if len(left) and len(left) < per_rank * w:
-            left = np.concatenate([left, left[:per_rank * w - len(left)]])
-        return left[self.rank::w]
+        return deal(self._remaining(), self.rank, self.num_replicas)[0]
 
     # ---- Horovod's interface ------------------------------------------------------
     def set_epoch(self, epoch):
@@ -93,8 +121,13 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def reset(self):
         """Re-reads the world size and rank (after a restart at a new size)."""
-        self.num_replicas = _C.size() if _C.initialized() else 1
-        self.rank = _C.rank() if _C.initialized() else 0
+        size, rank = (_C.size(), _C.rank()) if _C.initialized() else (1, 0)
+        if size % self.tp_size:
+            raise error(_C.InvalidArgumentError,
+                        f"ElasticSampler: tp_size {self.tp_size} does not divide the world "
+                        f"size {size}")
+        self.num_replicas = size // self.tp_size
+        self.rank = rank // self.tp_size
         self.num_samples = len(self._deal())
         self.total_size = self.num_samples * self.num_replicas
 
@@ -103,6 +136,14 @@ class ElasticSampler(torch.utils.data.Sampler):
         iteration on this rank."""
         pos = self._iter_positions[batch_idx * batch_size:(batch_idx + 1) * batch_size]
         return self._permutation()[pos].tolist()
+
+    def padding(self, batch_idx, batch_size):
+        """For each sample of batch ``batch_idx`` of the current iteration on
+        this rank: True when it is tail padding (a sample another rank was
+        dealt too).  Weigh those 0 to train every sample exactly once."""
+        n = len(self._iter_positions)
+        start, stop = batch_idx * batch_size, min(n, (batch_idx + 1) * batch_size)
+        return [i >= n - self._iter_padded for i in range(start, stop)]
 
     def record_batch(self, batch_idx, batch_size):
         """Batch ``batch_idx`` (of ``batch_size`` samples per rank) of the
@@ -120,7 +161,8 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         self.reset()
-        self._iter_positions = self._deal()
+        self._iter_positions, self._iter_padded = deal(self._remaining(), self.rank,
+                                                       self.num_replicas)
         return iter(self._permutation()[self._iter_positions].tolist())
 
     def __len__(self):
@@ -186,4 +228,4 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
 
-__all__ = ["ElasticSampler"]
+__all__ = ["ElasticSampler", "deal"]
