@@ -74,7 +74,9 @@ def runs_on_this_host_only(mpi_args, host_options, local_names, values):
 
 
 class Completion:
-    """Decides --ulfm auto|on|off and keeps TUTTI_RUN_DIR for the check."""
+    """Decides --ulfm auto|on|off and keeps TUTTI_RUN_DIR for the completion
+    check, which runs wherever tutti-run has such a directory, fault
+    tolerance on or not."""
 
     def __init__(self, opts, mpi_args, values, host_options, local_names, log):
         self.log = log
@@ -105,14 +107,14 @@ class Completion:
                     "--with-ft ulfm anyway")
                 self.add_ft = True
         self.on = self.add_ft or self.user_ft
+        if self.dir is not None:  # the check, with or without fault tolerance
+            os.makedirs(self.dir, exist_ok=True)
+            os.environ["TUTTI_RUN_DIR"] = self.dir
         if not self.on:
             return
         if self.dir is None:
             log("in-process recovery on without a completion check: a job whose ranks were "
                 "all killed reads as completed (give --ckpt-dir)")
-        else:
-            os.makedirs(self.dir, exist_ok=True)
-            os.environ["TUTTI_RUN_DIR"] = self.dir
         log("in-process recovery on (Open MPI 5 `--with-ft ulfm`" +
             (", passed by the user" if self.user_ft else "") +
             "): the other ranks survive a killed one where the program recovers "
@@ -123,7 +125,7 @@ class Completion:
 
     def prepare(self, attempt):
         """Before a start: no record of this attempt is left from before."""
-        if not (self.on and self.dir):
+        if not self.dir:
             return
         for event in ("started", "finished"):
             try:
@@ -133,13 +135,13 @@ class Completion:
 
     def judge(self, attempt, status):
         """The job's status, 76 for one that exited 0 without finishing."""
-        if status != 0 or not (self.on and self.dir):
+        if status != 0 or not self.dir:
             return status
         started = os.path.exists(os.path.join(self.dir, f"started-{attempt}"))
         finished = os.path.exists(os.path.join(self.dir, f"finished-{attempt}"))
         if started and not finished:
-            self.log("mpirun exited 0, but rank 0 never shut tutti down (every rank killed? "
-                     "Open MPI 5 under --with-ft ulfm exits 0 then): counted as a failure "
+            self.log("mpirun exited 0, but rank 0 never shut tutti down (every rank killed, "
+                     "or a host's daemon? Open MPI 5 exits 0 then): counted as a failure "
                      f"(status {COMM_FAILURE})")
             return COMM_FAILURE
         return status

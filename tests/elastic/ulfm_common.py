@@ -1,4 +1,4 @@
-"""What the ULFM drivers share (ulfm_test.py, ulfm_ops_test.py): the Open MPI
+"""What the ULFM drivers share (ulfm_test.py, ulfm_ops_test.py, ulfm_mesh_test.py): the Open MPI
 version check, the launch environment, the attempts around Open MPI
 5.0.11's launcher, and the survivors' result lines."""
 import os

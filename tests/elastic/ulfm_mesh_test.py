@@ -40,11 +40,11 @@ sampler-tp  the same as a TP 2 x DP 2 job for the loop and the sampler
 import collections
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
+
+import ulfm_common
 
 probe, mpiexec, case, python_pkg = sys.argv[1:5]
 NP = 4
@@ -55,41 +55,15 @@ TP_KILL, TP_STEP, TP_STEPS = 1, 4, 6
 SP_KILL, SP_STEP, SP_N, SP_BATCH = 2, 4, 62, 2
 
 
-def open_mpi_major():
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    m = re.search(r"Open MPI\)? (\d+)\.", out.stdout + out.stderr)
-    return int(m.group(1)) if m else 0
-
-
 def launch(out, mem, program):
-    """The job, run again (at most twice, said so) when Open MPI 5.0.11's
-    launcher ended it with exit 255 despite --with-ft ulfm (ulfm_test.py
-    explains; not tutti's doing).  Returns (returncode, log)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "TUTTI_RESTART_COUNT"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.pop("TUTTI_CKPT_DIR", None)
+    """The job (ulfm_common.run_attempts: run again, at most twice, when Open
+    MPI 5.0.11's launcher ended it with 255).  Returns (returncode, log),
+    returncode None when it did not end within 100 s."""
+    env = ulfm_common.base_env()
     env["PYTHONPATH"] = python_pkg + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [os.path.join(HERE, "..", "common", "launch.sh"), mpiexec, "--with-ft", "ulfm",
-           "--oversubscribe", "--bind-to", "none", "-np", str(NP)] + program
-    for attempt in range(3):
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(out)
-        env["TUTTI_MEM_DIR"] = os.path.join(mem, str(attempt))
-        os.makedirs(env["TUTTI_MEM_DIR"], exist_ok=True)
-        env["TUTTI_JOB_ID"] = f"ulfm-mesh-{os.getpid()}-{attempt}"
-        p = subprocess.run(cmd, env=env, capture_output=True,
-                           text=True, timeout=100)
-        log = p.stdout + p.stderr
-        if p.returncode != 255 or attempt == 2:
-            return p.returncode, log
-        print(f"attempt {attempt + 1}: the launcher ended the job (exit 255); running the "
-              "case again")
-    return p.returncode, log
+    cmd = [ulfm_common.LAUNCH, mpiexec] + ulfm_common.MPI_ARGS + ["-np", str(NP)] + program
+    os.makedirs(out)
+    return ulfm_common.run_attempts(cmd, env, out, mem)
 
 
 def read(path):
@@ -230,7 +204,7 @@ def check_sampler(out, rc, log, problems, tp):
 
 
 def main():
-    if open_mpi_major() < 5:
+    if ulfm_common.open_mpi_major(mpiexec) < 5:
         print(f"skipped: {mpiexec} is not Open MPI 5 (no ULFM)")
         return 77
     tmp = tempfile.mkdtemp(prefix="tutti-ulfm-mesh-")
@@ -243,6 +217,10 @@ def main():
                    str(SP_KILL), str(SP_STEP), str(SP_N), str(SP_BATCH),
                    "2" if case == "sampler-tp" else "1"]
     rc, log = launch(out, mem, program)
+    if rc is None:
+        print("the job did not end within 100 s (a hang)")
+        print(log[-8000:])
+        return 1
     if "in-process recovery is not available here" in log:
         print("skipped: this tutti was built without ULFM")
         return 77

@@ -1,4 +1,4 @@
-// What the ULFM probes share (ulfm_probe.cc, ulfm_ops_probe.cc): the kill
+// What the ULFM probes share (ulfm_probe.cc, ulfm_ops_probe.cc, ulfm_tp_probe.cc): the kill
 // list, a rank's planned death with its time of death left in DIR for the
 // survivors' detection bound, and the probes' check macro.
 #pragma once

@@ -31,16 +31,12 @@ import torch
 
 import tutti
 import tutti.torch as hvd
+from ulfm_py_probe import init_or_skip
 
 out, kill_rank, kill_step, n, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
     int(sys.argv[4]), int(sys.argv[5])
 tp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-hvd.init()
-if not tutti.recovery_available():
-    print("ulfm_probe: in-process recovery is not available here")
-    tutti.shutdown()
-    sys.exit(77)
-start_rank = hvd.rank()
+start_rank = init_or_skip()
 model = torch.nn.Linear(1, 1, bias=False)
 with torch.no_grad():
     model.weight.zero_()

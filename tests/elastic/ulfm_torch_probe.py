@@ -20,15 +20,11 @@ import torch
 
 import tutti
 import tutti.torch as hvd
+from ulfm_py_probe import init_or_skip
 
 out, kill_rank, kill_step, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
     int(sys.argv[4])
-hvd.init()
-if not tutti.recovery_available():
-    print("ulfm_probe: in-process recovery is not available here")
-    tutti.shutdown()
-    sys.exit(77)
-start_rank = hvd.rank()
+start_rank = init_or_skip()
 model = torch.nn.Linear(4, 1, bias=False)
 with torch.no_grad():
     model.weight.fill_(1.0)

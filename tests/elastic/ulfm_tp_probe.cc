@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "tutti/tutti.h"
+#include "ulfm_probe_util.h"
 
 using namespace tutti;
 
@@ -59,19 +60,8 @@ void record_exit(int status, void*) {
   std::ofstream(g_dir + "/exit.rank" + std::to_string(g_start_rank)) << status << "\n";
 }
 
-struct Fail {
-  std::string what;
-};
-template <typename... A>
-std::string cat(const A&... a) {
-  std::ostringstream s;
-  (void)std::initializer_list<int>{((s << a), 0)...};
-  return s.str();
-}
-#define EXPECT(cond, ...) \
-  do {                    \
-    if (!(cond)) throw Fail{cat("check failed: " #cond " ", __VA_ARGS__)}; \
-  } while (0)
+using ulfm_probe::cat;
+using ulfm_probe::Fail;
 
 // The full weights in closed form after the steps that ran at `sizes`
 // (sizes[s]: the DP size of step s; 0: not run).
@@ -183,9 +173,7 @@ int run(const std::string& dir, const std::vector<int>& kill_ranks, int64_t kill
       const bool dies =
           std::find(kill_ranks.begin(), kill_ranks.end(), start_rank) != kill_ranks.end();
       if (dies && step == kill_step) {
-        std::ofstream(dir + "/killed.rank" + std::to_string(start_rank)) << step << "\n";
-        std::fflush(nullptr);
-        raise(SIGKILL);
+        ulfm_probe::die(dir, start_rank);
       }
       double u = y[0] + y[1];
       mesh.dp_group()->allreduce(Tensor::of(&u, 1), ReduceOp::kSum, {"dp sum"});
