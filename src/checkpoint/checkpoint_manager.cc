@@ -390,13 +390,14 @@ std::optional<LoadResult> CheckpointManager::Impl::load(const StateDict& state,
     if (!name) {
       if (options.step >= 0)
         TUTTI_THROW(kNotFound, "memory tier: step ", options.step, " is complete on no host");
+      if (options.resume) replica_->drop_newer(cfg_.root, "");  // a fresh timeline
       return std::nullopt;
     }
     int suffix = 0;
     ckpt::parse_checkpoint_name(*name, &o.step, &suffix);
   }
   auto r = ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, o, fresh_, pool_);
-  if (r && replica_ && options.resume) replica_->abandon_newer_elsewhere(cfg_.root, r->name);
+  if (r && replica_ && options.resume) replica_->drop_newer(cfg_.root, r->name);
   if (r && options.resume) {
     std::lock_guard<std::mutex> lock(mu_);
     parent_ = r->name;

@@ -240,15 +240,29 @@ void MemoryReplica::retain(const std::string& root, const std::string& name, int
   if (leader() && !with_rank0()) apply_retention(root, name, keep_last);
 }
 
-void MemoryReplica::abandon_newer_elsewhere(const std::string& root, const std::string& name) {
-  if (!leader() || with_rank0()) return;
+void MemoryReplica::drop_newer(const std::string& root, const std::string& name) {
+  if (!leader()) return;
   try {
-    CatalogEntry me;
-    me.name = name;
-    if (parse_checkpoint_name(name, &me.step, &me.suffix)) abandon_newer(root, me);
+    CatalogEntry from;  // "": before every step
+    from.step = -1;
+    if (!name.empty()) {
+      from.name = name;
+      parse_checkpoint_name(name, &from.step, &from.suffix);
+    }
+    for (const CatalogEntry& e : scan_catalog(root))
+      if (e.complete && from < e) {
+        remove_checkpoint(root, e.name);
+        TUTTI_LOG(kInfo) << "memory tier: removed " << e.name << ", newer than "
+                         << (name.empty() ? "the fresh start" : name)
+                         << " this job resumed from (an abandoned timeline)";
+      }
+    if (is_directory(root))
+      for (const std::string& n : list_dir(root))
+        if (n.compare(0, 10, "abandoned-") == 0) remove_tree(join_path(root, n));
   } catch (const Error& e) {
-    TUTTI_LOG(kWarn) << "memory tier: could not set the commits newer than " << name
-                     << " aside in '" << root << "': " << e.message();
+    TUTTI_LOG(kWarn) << "memory tier: could not remove the commits newer than "
+                     << (name.empty() ? "the fresh start" : name) << " in '" << root
+                     << "': " << e.message();
   }
 }
 

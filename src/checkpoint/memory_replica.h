@@ -85,9 +85,11 @@ class MemoryReplica {
   // every host holds the manifest and every file.  nullopt when none
   // (why logged on rank 0).  Raises kIo when a copy failed.
   std::optional<std::string> restore(const std::string& root, int64_t step);
-  // After the load: complete steps newer than `name` on the leaders of the
-  // hosts without rank 0 are set aside (the loader does rank 0's).
-  void abandon_newer_elsewhere(const std::string& root, const std::string& name);
+  // After the job resumed from `name` ("": started fresh): every host's
+  // leader removes the complete steps ordered after it and abandoned ones
+  // (the loader renames rank 0's to abandoned-*), so that no later restore
+  // returns to a timeline the job left.  RAM is not kept for inspection.
+  void drop_newer(const std::string& root, const std::string& name);
 
  private:
   MemoryReplica(ProcessGroup& comm, double timeout_s, unsigned file_mode, unsigned dir_mode)

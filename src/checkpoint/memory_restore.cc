@@ -201,7 +201,8 @@ std::optional<std::string> MemoryReplica::restore(const std::string& root, int64
     if (reasons.empty())
       TUTTI_LOG(kInfo) << "memory tier: no complete commit on any host in '" << root << "'";
     else
-      TUTTI_LOG(kWarn) << "memory tier: no complete commit across the surviving hosts" << all;
+      TUTTI_LOG(kWarn) << "memory tier: no complete commit across the surviving hosts" << all
+                       << "; nothing is loaded from memory (an elastic job starts fresh)";
   }
   return std::nullopt;
 }
