@@ -2,9 +2,12 @@
 // The restore side is memory_restore.cc.
 #include "checkpoint/memory_replica.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -24,36 +27,58 @@ constexpr int kBuddyTag = 0x7c50;  // buddy copies (private communicator)
 
 std::string message_of(const Error& e) { return e.message(); }
 
+// A shared mapping of a whole file, unmapped by its destructor.
+struct Mapping {
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+  Mapping() = default;
+  Mapping(int fd, uint64_t n, bool write, const std::string& path) {
+    void* p = ::mmap(nullptr, n, write ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+      TUTTI_THROW(kIo, "mapping '", path, "' (", n, " bytes) failed: ", std::strerror(errno));
+    data = static_cast<uint8_t*>(p);
+    size = n;
+  }
+  Mapping(Mapping&& o) noexcept : data(o.data), size(o.size) { o.data = nullptr; }
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      release();
+      data = o.data;
+      size = o.size;
+      o.data = nullptr;
+    }
+    return *this;
+  }
+  ~Mapping() { release(); }
+  void release() {
+    if (data) ::munmap(data, size);
+    data = nullptr;
+  }
+};
+
 }  // namespace
 
 void send_file(ProcessGroup& comm, const std::string& path, int peer, int tag,
                const OpOptions& o, std::string* error) {
+  // Sent from a read-only mapping: no copy of the file on this side.
   File f;
+  Mapping map;
   int64_t size = -1;
   try {
     f = File::open_read(path);
-    size = static_cast<int64_t>(f.size());
+    const uint64_t n = f.size();
+    if (n > 0) map = Mapping(f.fd(), n, /*write=*/false, path);
+    size = static_cast<int64_t>(n);
   } catch (const Error& e) {
     *error = message_of(e);
   }
   comm.send(Tensor::of(&size, 1), peer, tag, o);
   if (size <= 0) return;
-  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(size, kMemoryChunkBytes)));
-  int64_t status = 0;
-  for (uint64_t at = 0; at < static_cast<uint64_t>(size);) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), static_cast<uint64_t>(size) - at);
-    if (status == 0) {
-      try {
-        f.pread_all(buf.data(), n, at);
-      } catch (const Error& e) {
-        *error = message_of(e);
-        status = 1;  // the chunks still go (the receiver expects them), then the verdict
-      }
-    }
-    comm.send(Tensor(buf.data(), DType::kUInt8, Shape{static_cast<int64_t>(n)}), peer, tag, o);
+  for (uint64_t at = 0; at < map.size;) {
+    const uint64_t n = std::min<uint64_t>(kMemoryChunkBytes, map.size - at);
+    comm.send(Tensor(map.data + at, DType::kUInt8, Shape{static_cast<int64_t>(n)}), peer, tag, o);
     at += n;
   }
-  comm.send(Tensor::of(&status, 1), peer, tag, o);
 }
 
 void recv_file(ProcessGroup& comm, int peer, int tag, const OpOptions& o,
@@ -65,43 +90,40 @@ void recv_file(ProcessGroup& comm, int peer, int tag, const OpOptions& o,
     *error = detail::cat("rank ", peer, " could not read its copy of ", name);
     return;
   }
+  // Received straight into a shared mapping of the new file (tmpfs: the
+  // pages are the file's), then renamed into place.
   const std::string tmp = join_path(dir, "." + name + ".tmp");
-  File f;
+  int fd = -1;
+  Mapping map;
+  std::vector<uint8_t> scratch;  // only to drain the messages after a local failure
   std::string local;
   try {
-    f = File::create(tmp, mode);
+    File::create(tmp, mode).close();  // O_EXCL | O_NOFOLLOW in our 0700 directory
+    fd = ::open(tmp.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);  // a shared mapping reads too
+    if (fd < 0) TUTTI_THROW(kIo, "opening '", tmp, "' failed: ", std::strerror(errno));
+    if (size > 0) {
+      if (::ftruncate(fd, size) != 0)
+        TUTTI_THROW(kIo, "sizing '", tmp, "' to ", size, " bytes failed: ", std::strerror(errno));
+      map = Mapping(fd, static_cast<uint64_t>(size), /*write=*/true, tmp);
+    }
   } catch (const Error& e) {
     local = message_of(e);
   }
-  if (size == 0) {
-    if (local.empty()) {
-      try {
-        f.close();
-        rename_path(tmp, join_path(dir, name));
-      } catch (const Error& e) {
-        local = message_of(e);
-      }
-    }
-    if (!local.empty()) *error = local;
-    return;
-  }
-  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(size, kMemoryChunkBytes)));
   for (uint64_t at = 0; at < static_cast<uint64_t>(size);) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), static_cast<uint64_t>(size) - at);
-    comm.recv(Tensor(buf.data(), DType::kUInt8, Shape{static_cast<int64_t>(n)}), peer, tag, o);
-    if (local.empty()) {
-      const int err = f.pwrite_all(buf.data(), n, at);
-      if (err) local = detail::cat("writing '", tmp, "' failed: ", std::strerror(err));
+    const uint64_t n = std::min<uint64_t>(kMemoryChunkBytes, static_cast<uint64_t>(size) - at);
+    uint8_t* dst = map.data ? map.data + at : nullptr;
+    if (!dst) {
+      scratch.resize(static_cast<size_t>(n));
+      dst = scratch.data();
     }
+    comm.recv(Tensor(dst, DType::kUInt8, Shape{static_cast<int64_t>(n)}), peer, tag, o);
     at += n;
   }
-  int64_t status = 0;
-  comm.recv(Tensor::of(&status, 1), peer, tag, o);
-  if (status != 0 && local.empty())
-    local = detail::cat("rank ", peer, " failed reading its copy of ", name);
+  map = Mapping();
+  if (fd >= 0 && ::close(fd) != 0 && local.empty())  // RAM: no fsync (a lost host loses it anyway)
+    local = detail::cat("closing '", tmp, "' failed: ", std::strerror(errno));
   if (local.empty()) {
     try {
-      f.close();  // RAM: no fsync (a lost host loses it anyway)
       rename_path(tmp, join_path(dir, name));
     } catch (const Error& e) {
       local = message_of(e);
@@ -115,6 +137,7 @@ void recv_file(ProcessGroup& comm, int peer, int tag, const OpOptions& o,
 
 std::unique_ptr<MemoryReplica> MemoryReplica::make(ProcessGroup& comm, double timeout_s,
                                                    unsigned file_mode, unsigned dir_mode) {
+  if (comm.size() == 1) return nullptr;  // one rank: one host (and maybe no MPI)
   std::unique_ptr<MemoryReplica> m(new MemoryReplica(comm, timeout_s, file_mode, dir_mode));
   m->node_ = comm.node_group();
   Agreement agree(comm, timeout_s, "memory tier");

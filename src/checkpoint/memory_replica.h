@@ -106,12 +106,14 @@ class MemoryReplica {
   int64_t saves_ = 0;
 };
 
-// Sends the file at `path` to `peer` as an int64 size and chunks (a
-// size of -1 when it cannot be read: `*error` says why).  Blocking.
+// Sends the file at `path` to `peer` as an int64 size and chunks of
+// kMemoryChunkBytes from a read-only mapping (a size of -1 when it cannot
+// be opened: `*error` says why).  Blocking.
 void send_file(ProcessGroup& comm, const std::string& path, int peer, int tag,
                const OpOptions& o, std::string* error);
-// Receives one send_file into dir/name (tmp + rename, `mode`); a sender's
-// -1 or a local write error leaves no file and sets `*error`.
+// Receives one send_file into dir/name: straight into a shared mapping of
+// dir/.name.tmp (`mode`), then renamed.  A sender's -1 or a local failure
+// leaves no file and sets `*error` (the messages are still drained).
 void recv_file(ProcessGroup& comm, int peer, int tag, const OpOptions& o,
                const std::string& dir, const std::string& name, unsigned mode,
                std::string* error);
