@@ -2,8 +2,8 @@
 """The memory tier across hosts (issue 28; docs/checkpoint.md, "Memory
 tier") with real processes: elastic_cpp_probe under elastic tutti-run on
 three fake hosts (UTS namespaces behind memtier_agent.sh, each with its own
-TUTTI_MEM_DIR), one rank each, a commit every step and no checkpoint
-directory.  w has 3 MiB and TUTTI_CKPT_CHUNK_MB=1, so every rank writes a
+TUTTI_MEM_DIR), one rank each (two: -3x2), a commit every step and no
+checkpoint directory.  w has 1 MiB per rank and TUTTI_CKPT_CHUNK_MB=1, so every rank writes a
 file of each commit.
 
   memtier_test.py PROBE TUTTI_RUN MPIEXEC CASE
@@ -12,6 +12,8 @@ lost-host  every process of hostc stops (SIGSTOP, then SIGKILL) past step 5 (and
            discovery): tutti-run restarts on hosta and hostb, which restore
            the newest commit from memory, rank 2's file from its buddy copy
            on hosta; at most one step is recomputed; w = closed form.
+lost-host-3x2  the same with 2 ranks per host (6 -> 4 ranks; ranks 4-5's
+           files from their buddies on hosta).
 kill-rank  rank 1 dies before step 6, every host lives: the restart at 3
            ranks restores step 5 from memory without buddy copies.
 no-buddy   as lost-host with TUTTI_MEM_BUDDY_EVERY=0: no host holds rank 2's
@@ -27,6 +29,8 @@ import tempfile
 import time
 
 probe, tutti_run, mpiexec, case = sys.argv[1:5]
+PER_HOST = 2 if case.endswith("-3x2") else 1
+lost = "2" if PER_HOST == 1 else "4-5"   # hostc's ranks
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 30
 MPI_OPTS = ["--mca", "plm_rsh_agent", os.path.join(HERE, "memtier_agent.sh"),
@@ -73,7 +77,7 @@ def main():
     hosts = os.path.join(tmp, "hosts.txt")
     disc = os.path.join(tmp, "discover.sh")
     with open(hosts, "w") as f:
-        f.write("hosta:1\nhostb:1\nhostc:1\n")
+        f.write("".join(f"host{h}:{PER_HOST}\n" for h in "abc"))
     with open(disc, "w") as f:
         f.write(f"#!/bin/sh\ncat {hosts}\n")
     os.chmod(disc, 0o755)
@@ -86,11 +90,13 @@ def main():
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     if case == "no-buddy":
         env["TUTTI_MEM_BUDDY_EVERY"] = "0"
-    args = ["--steps", str(STEPS), "--out", out, "--n", str(3 * 131072), "--commit-every", "1",
+    args = ["--steps", str(STEPS), "--out", out, "--n", str(3 * PER_HOST * 131072),
+            "--commit-every", "1",
             "--step-ms", "150"]
     if case == "kill-rank":
         args += ["--kill", "1:6"]
-    cmd = [sys.executable, tutti_run, "--mpirun", mpiexec, "--min-np", "2", "--max-np", "3",
+    cmd = [sys.executable, tutti_run, "--mpirun", mpiexec, "--min-np", str(2 * PER_HOST),
+           "--max-np", str(3 * PER_HOST),
            "--host-discovery-script", disc, "--elastic-dir", os.path.join(tmp, "edir"),
            "--backoff", "0", "--discovery-interval", "0.3", "--exit-grace", "3",
            "--max-restarts", "2", "--"] + MPI_OPTS + [probe] + args
@@ -100,7 +106,7 @@ def main():
     killed_at = None
     victims = []
     try:
-        if case in ("lost-host", "no-buddy"):
+        if case != "kill-rank":
             deadline = time.monotonic() + 90
             while read_int(os.path.join(out, "committed")) < 5 and time.monotonic() < deadline:
                 if job.poll() is not None:
@@ -111,7 +117,7 @@ def main():
             else:
                 open(os.path.join(down, "hostc"), "w").close()
                 with open(hosts + ".tmp", "w") as f:
-                    f.write("hosta:1\nhostb:1\n")
+                    f.write(f"hosta:{PER_HOST}\nhostb:{PER_HOST}\n")
                 os.replace(hosts + ".tmp", hosts)
                 # SIGSTOP first, as a host that vanishes: no connection closes,
                 # hosta's and hostb's ranks time out (TUTTI_TIMEOUT) and exit
@@ -128,7 +134,7 @@ def main():
                 killed_at = read_int(os.path.join(out, "committed"))
                 print(f"stopped {len(victims)} processes of hostc; last commit: step {killed_at}",
                       flush=True)
-                if len(victims) < 2:  # its daemon and its rank
+                if len(victims) < 1 + PER_HOST:  # its daemon and its ranks
                     problems.append(f"found only {victims} on hostc")
         rc = job.wait(timeout=150)
     except subprocess.TimeoutExpired:
@@ -149,7 +155,7 @@ def main():
             starts = [json.loads(l)["np"] for l in f if '"start"' in l]
     except OSError:
         pass
-    want_np = [3, 3] if case == "kill-rank" else [3, 2]
+    want_np = [3, 3] if case == "kill-rank" else [3 * PER_HOST, 2 * PER_HOST]
     if starts != want_np:
         problems.append(f"launches at {starts} ranks, expected {want_np}")
     try:
@@ -162,12 +168,13 @@ def main():
         problems.append(f"rank 0 events {ev}: expected a fresh start, the resets, a restart")
     elif case == "kill-rank" and resumed != 5:
         problems.append(f"resumed from step {resumed}, expected 5 (rank 1 died before step 6)")
-    elif case == "lost-host" and killed_at is not None and resumed < killed_at:
+    elif case.startswith("lost-host") and killed_at is not None and resumed < killed_at:
         problems.append(f"resumed from step {resumed}, but step {killed_at} was committed "
                         "when hostc was lost (more than one step recomputed)")
     elif case == "no-buddy" and resumed != 0:
         problems.append(f"resumed from step {resumed}, expected a fresh start (0)")
-    wants = {"lost-host": ["restoring step-", "buddy copies used for rank(s) 2"],
+    wants = {"lost-host": ["restoring step-", f"buddy copies used for rank(s) {lost}"],
+             "lost-host-3x2": ["restoring step-", f"buddy copies used for rank(s) {lost}"],
              "kill-rank": ["restoring step-00000005", "no buddy copy needed"],
              "no-buddy": ["buddy copies are off (TUTTI_MEM_BUDDY_EVERY=0)",
                           "lacks the files of rank(s) 2 of the 3-rank job",
