@@ -25,6 +25,8 @@
 #include "checkpoint/file_util.h"
 #include "checkpoint/loader.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/memory_replica.h"
+#include "checkpoint/memory_store.h"
 #include "checkpoint/shard_geometry.h"
 #include "checkpoint/snapshot.h"
 #include "core/check.h"
@@ -97,6 +99,7 @@ class CheckpointManager::Impl {
   // ("" before either), the next manifest's parent.
   std::string parent_;
   std::shared_ptr<ckpt::DirLock> lock_;  // rank 0 only
+  std::unique_ptr<ckpt::MemoryReplica> replica_;  // the memory tier on several hosts
   ckpt::FreshStartRule fresh_;
   ckpt::ElectionConfig layout_;
   bool warned_fallback_ = false, warned_divergent_ = false;
@@ -156,6 +159,13 @@ CheckpointManager::Impl::Impl(ProcessGroupPtr group, CheckpointOptions o)
                     lock_error));
   }
   fresh_ = ckpt::make_fresh_start_rule(o.fresh_start, lock_ && lock_->existed_before());
+  // In the memory tier each host has its own directory: on several hosts
+  // commits are copied across them (memory_replica.h).  Every rank decides
+  // alike (the job opened the tier on every rank before making a manager).
+  if (ckpt::in_memory_tier(cfg_.root)) {
+    replica_ = ckpt::MemoryReplica::make(*comm_, cfg_.timeout_s, cfg_.file_mode, cfg_.dir_mode);
+    cfg_.replica = replica_.get();
+  }
   if (async_) writer_ = std::thread([this] { writer_loop(); });
 }
 
@@ -373,8 +383,21 @@ void CheckpointManager::Impl::save(int64_t step, const std::function<StateDict()
 std::optional<LoadResult> CheckpointManager::Impl::load(const StateDict& state,
                                                        const LoadOptions& options) {
   wait();
-  auto r = ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, options, fresh_,
-                                 pool_);
+  LoadOptions o = options;
+  if (replica_) {
+    // The newest step complete across the hosts, made whole on each.
+    const std::optional<std::string> name = replica_->restore(cfg_.root, options.step);
+    if (!name) {
+      if (options.step >= 0)
+        TUTTI_THROW(kNotFound, "memory tier: step ", options.step, " is complete on no host");
+      if (options.resume) replica_->drop_newer(cfg_.root, "");  // a fresh timeline
+      return std::nullopt;
+    }
+    int suffix = 0;
+    ckpt::parse_checkpoint_name(*name, &o.step, &suffix);
+  }
+  auto r = ckpt::load_checkpoint(*comm_, cfg_.root, cfg_.timeout_s, state, o, fresh_, pool_);
+  if (r && replica_ && options.resume) replica_->drop_newer(cfg_.root, r->name);
   if (r && options.resume) {
     std::lock_guard<std::mutex> lock(mu_);
     parent_ = r->name;

@@ -9,6 +9,7 @@
 #include "checkpoint/fault_inject.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/memory_replica.h"
 #include "checkpoint/problem_report.h"
 #include "checkpoint/retention.h"
 #include "checkpoint/safetensors.h"
@@ -163,8 +164,14 @@ std::vector<std::pair<int, std::string>> write_and_agree(Agreement& agree, const
   std::string write_error;
   const bool other_step = save.step != root_step;
   const auto tw = Clock::now();
+  // The memory tier on several hosts: this host's step directory first.
+  // Every rank of a host takes part in its preparation, whatever it saves.
+  const bool buddy = cfg.replica && cfg.replica->begin_save();
+  const std::string prepare_error = cfg.replica ? cfg.replica->prepare_step_dir(dir) : "";
   if (!save.local_error.empty()) {
     write_error = save.local_error;
+  } else if (!prepare_error.empty()) {
+    write_error = prepare_error;  // this host's directory could not be made: nothing written
   } else if (!other_step) {
     try {
       res = write_shard(dir, *save.snap, rank, agree.size(), save.step, cfg.direct_io,
@@ -174,6 +181,12 @@ std::vector<std::pair<int, std::string>> write_and_agree(Agreement& agree, const
       if (write_error.find(shard_file_name(rank)) == std::string::npos)
         write_error += " (writing " + join_path(dir, shard_file_name(rank)) + ")";
     }
+  }
+  if (buddy) {  // every rank takes part, whatever it wrote
+    const std::string own = write_error.empty() && !other_step && res.written
+                                ? shard_file_name(rank) : std::string();
+    const std::string err = cfg.replica->copy_to_buddy(dir, own);
+    if (!err.empty() && write_error.empty()) write_error = err;
   }
   if (times) {
     times->write_s = since(tw);
@@ -239,13 +252,14 @@ Manifest build_manifest(const Agreement& agree, const CommitConfig& cfg, const P
 void publish(Agreement& agree, const CommitConfig& cfg, const Publication& pub,
              const std::vector<std::pair<int, std::string>>& reports, const std::string& what) {
   int64_t code = 0;  // the ErrorCode rank 0 raised, 0: committed
-  std::string commit_error;
+  std::string commit_error, manifest_text;
   if (agree.rank() == 0) {
     Manifest m;
     try {
       m = build_manifest(agree, cfg, pub, reports);
+      manifest_text = manifest_to_json(m);
       try {
-        write_file_atomic(pub.dir, kManifestName, manifest_to_json(m), cfg.file_mode,
+        write_file_atomic(pub.dir, kManifestName, manifest_text, cfg.file_mode,
                           "mid_manifest", "manifest_fsync");
       } catch (...) {
         // Not durable: make sure no reader ever sees it.
@@ -277,10 +291,13 @@ void publish(Agreement& agree, const CommitConfig& cfg, const Publication& pub,
                                     ec == ErrorCode::kIo ? "write its manifest" : "index the shards",
                                     commit_error.empty() ? "" : ": ", commit_error));
   }
+  if (cfg.replica)
+    cfg.replica->publish_everywhere(agree, cfg.root, pub.name, manifest_text, what);
 }
 
 // Step 5: retention, strictly after the commit (rank 0 only).
 void retain(const Agreement& agree, const CommitConfig& cfg, const std::string& name) {
+  if (cfg.replica) cfg.replica->retain(cfg.root, name, cfg.keep_last);
   if (agree.rank() != 0) return;
   fault::fault_point("after_latest");
   apply_retention(cfg.root, name, cfg.keep_last);

@@ -43,6 +43,8 @@
 namespace tutti {
 namespace ckpt {
 
+class MemoryReplica;
+
 struct CommitConfig {
   std::string root;
   int keep_last = 1;
@@ -51,6 +53,10 @@ struct CommitConfig {
   bool direct_io = true;
   unsigned file_mode = kFileMode;
   unsigned dir_mode = kDirMode;
+  // The memory tier on several hosts (memory_replica.h): each host's
+  // directory, buddy copies, the manifest on every host.  nullptr: the
+  // directory is one (shared, or the only host's).
+  MemoryReplica* replica = nullptr;
 };
 
 struct CommitTimes {

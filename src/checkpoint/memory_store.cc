@@ -295,4 +295,13 @@ void remove_memory_tier() {
   if (tier()) tier()->remove();
 }
 
+namespace ckpt {
+bool in_memory_tier(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_tier_mu);
+  if (!tier()) return false;
+  const std::string& d = tier()->dir();
+  return path == d || path.compare(0, d.size() + 1, d + "/") == 0;
+}
+}  // namespace ckpt
+
 }  // namespace tutti

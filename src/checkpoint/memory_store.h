@@ -83,6 +83,11 @@ class MemoryStore {
 // meanwhile are skipped).
 uint64_t directory_bytes(const std::string& path);
 
+// Whether `path` is the memory tier this process opened (open_memory_tier)
+// or lies below it: a CheckpointManager there keeps each host's commits in
+// that host's store (memory_replica.h).
+bool in_memory_tier(const std::string& path);
+
 // This user's per-user directory under `root` ("" : TUTTI_MEM_DIR).
 std::string memory_user_dir(const std::string& root = "");
 

@@ -199,6 +199,11 @@ const std::vector<SettingInfo> kSettings = {
      "Most memory the memory tier may use on a node, in MiB; a commit that would "
      "exceed it is not kept in memory (said once at WARN). 0: half the free space of "
      "TUTTI_MEM_DIR when the job starts."},
+    {"TUTTI_MEM_BUDDY_EVERY", "int", "1",
+     "On several hosts, every how many memory-tier commits each rank copies its files to "
+     "its buddy (the rank with its local index on the next host), so that a restart "
+     "after a lost host resumes from memory. 1: every commit; 0: never (a lost host's "
+     "commits are lost with it)."},
     {"TUTTI_CKPT_DIR", "string", "",
      "Checkpoint directory a CheckpointManager uses when its options name none."},
     {"TUTTI_CKPT_KEEP", "int", "3",

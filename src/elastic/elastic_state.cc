@@ -41,15 +41,9 @@ class ElasticState::Impl {
     co.keep_last = options.keep_last;
     co.async = false;  // a commit has landed when commit() returns
     if (co.dir.empty()) {
-      // The memory tier serves a job on one host (copies to peer hosts are
-      // not built yet): every rank decides alike from the group's sizes.
-      const int64_t hosts_differ =
-          agree_max(*group, local_size() != size() ? 1 : 0, "tutti.elastic.one_host");
-      TUTTI_ARG_CHECK(!hosts_differ, "ElasticState: no checkpoint directory for commits "
-                      "(ElasticOptions::ckpt_dir, TUTTI_CKPT_DIR), and the job spans several "
-                      "hosts: the memory tier restores commits on the host that made them, and "
-                      "copies to other hosts are not built yet (issue 28); set TUTTI_CKPT_DIR "
-                      "to a directory every host sees");
+      // The memory tier: on several hosts each rank's commit files are
+      // copied to a buddy on the next host (docs/checkpoint.md, "Memory
+      // tier"), so a restart after a lost host resumes from memory.
       // Opened on every rank; a failure on one must not leave the others in
       // the next collective: agree, then raise everywhere.
       std::string problem;

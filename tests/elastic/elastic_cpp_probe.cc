@@ -5,6 +5,11 @@
 // Commits every 3 steps with {"step": s} as metadata.
 //
 //   elastic_cpp_probe --steps N --out DIR [--kill RANK:STEP] [--notice RANK:STEP]
+//                     [--n ELEMENTS] [--commit-every K] [--step-ms MS]
+// --n: w has that many elements (default 4), all alike, so that with a small
+// TUTTI_CKPT_CHUNK_MB every rank writes a chunk of it (tests/elastic/
+// memtier_test.py); --commit-every: default 3; --step-ms: a sleep per step.
+// Rank 0 rewrites DIR/committed with the step of each commit.
 // --kill: that rank _exit(9)s before that step (first attempt only);
 // --notice: that rank raises a stop notice before that step's work (first
 // attempt only), so every rank stops at the next commit.
@@ -13,11 +18,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tutti/tutti.h"
@@ -27,7 +34,8 @@ using namespace tutti;
 namespace {
 
 struct Model : Stateful {
-  std::vector<double> w = std::vector<double>(4, 1.0);
+  explicit Model(size_t n) : w(n, 1.0) {}
+  std::vector<double> w;
   StateDict state_dict() override { return {{"w", Tensor::of(w), ShardInfo()}}; }
 };
 
@@ -45,17 +53,23 @@ int main(int argc, char** argv) {
   std::string out = ".";
   const char* kill = nullptr;
   const char* notice = nullptr;
+  size_t n = 4;
+  int64_t every = 3;
+  int step_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kill")) kill = argv[i + 1];
     if (!std::strcmp(argv[i], "--notice")) notice = argv[i + 1];
+    if (!std::strcmp(argv[i], "--n")) n = static_cast<size_t>(std::atoll(argv[i + 1]));
+    if (!std::strcmp(argv[i], "--commit-every")) every = std::atoll(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--step-ms")) step_ms = std::atoi(argv[i + 1]);
   }
   init();
   const int rank = tutti::rank();
   const int restart = static_cast<int>(config::get_int("TUTTI_RESTART_COUNT"));
   std::ofstream ev(out + "/events.rank" + std::to_string(rank), std::ios::app);
-  Model model;
+  Model model(n);
   ElasticState state(world(), {{"model", &model}});
   state.on_reset([&] { ev << "reset" << std::endl; });
   int rc = elastic_run(state, [&](ElasticState& s) {
@@ -75,18 +89,27 @@ int main(int argc, char** argv) {
           std::exit(3);
         }
       for (double& x : model.w) x = x / 2 + static_cast<double>(step);
-      if (step % 3 == 0) s.commit(step, "{\"step\": " + std::to_string(step) + "}");
+      if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+      if (step % every == 0) {
+        s.commit(step, "{\"step\": " + std::to_string(step) + "}");
+        if (rank == 0) {
+          std::ofstream(out + "/committed.tmp") << step << "\n";
+          std::rename((out + "/committed.tmp").c_str(), (out + "/committed").c_str());
+        }
+      }
     }
   });
   if (rank == 0) {
     std::ofstream res(out + "/result.json");
     res << "{\"step\": " << steps << ", \"w\": [";
     char buf[64];
-    for (size_t i = 0; i < model.w.size(); ++i) {
+    for (size_t i = 0; i < model.w.size() && i < 4; ++i) {
       std::snprintf(buf, sizeof(buf), "%.17g", model.w[i]);
       res << (i ? ", " : "") << buf;
     }
-    res << "]}\n";
+    bool same = true;  // every element as its own (all start alike)
+    for (size_t i = 4; i < model.w.size(); ++i) same = same && model.w[i] == model.w[i % 4];
+    res << "], \"all_same\": " << (same ? "true" : "false") << "}\n";
   }
   shutdown();
   return rc;

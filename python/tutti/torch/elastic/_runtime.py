@@ -54,16 +54,11 @@ def memory_tier():
     """Without a checkpoint directory, commits go to the memory tier: this
     job's directory in the node's shared memory (docs/python_checkpoint.md,
     "Elastic"), which a restart on the same host reloads from RAM.  Its
-    info dict, or raises why it cannot serve this job."""
+    info dict, or raises why it cannot serve this job.  On several hosts each
+    rank's commit files are also copied to a buddy rank on the next host
+    (docs/checkpoint.md, "Memory tier"), so that a restart after a lost host
+    resumes from memory."""
     if _objects["memory_tier"] is None:
-        if _C.local_size() != _C.size():
-            raise error(_C.InvalidArgumentError,
-                        "tutti.torch.elastic: no checkpoint directory for commits, and the job "
-                        f"spans several hosts ({_C.size()} ranks, {_C.local_size()} on this "
-                        "one): the memory tier restores commits on the host that made them, and "
-                        "copies to other hosts are not built yet (issue 28); set TUTTI_CKPT_DIR "
-                        "(tutti-run --ckpt-dir) to a directory every host sees, or call "
-                        "tutti.torch.elastic.configure(ckpt_dir=...)")
         # A failure on one rank (a bad directory, an I/O error) must not leave
         # the others waiting in the first collective: agree, then raise.
         tier, problem = None, None
