@@ -15,7 +15,9 @@ lost-host  every process of hostc stops (SIGSTOP, then SIGKILL) past step 5 (and
 lost-host-3x2  the same with 2 ranks per host (6 -> 4 ranks; ranks 4-5's
            files from their buddies on hosta).
 kill-rank  rank 1 dies before step 6, every host lives: the restart at 3
-           ranks restores step 5 from memory without buddy copies.
+           ranks restores step 5 from memory without buddy copies (the
+           restart path: tutti-run --ulfm off, else the survivors would
+           recover in-process, which the ulfm tests cover).
 no-buddy   as lost-host with TUTTI_MEM_BUDDY_EVERY=0: no host holds rank 2's
            files, so the restart says why and starts fresh (w = closed form).
 """
@@ -99,7 +101,8 @@ def main():
            "--max-np", str(3 * PER_HOST),
            "--host-discovery-script", disc, "--elastic-dir", os.path.join(tmp, "edir"),
            "--backoff", "0", "--discovery-interval", "0.3", "--exit-grace", "3",
-           "--max-restarts", "2", "--"] + MPI_OPTS + [probe] + args
+           "--max-restarts", "2"] + (["--ulfm", "off"] if case == "kill-rank" else []) + \
+        ["--"] + MPI_OPTS + [probe] + args
     logf = open(os.path.join(tmp, "log"), "w+")
     job = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT)
     problems = []
