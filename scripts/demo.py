@@ -117,6 +117,9 @@ def main():
                     help="shrink to --np/2 ranks on a notice, grow back to --np")
     ap.add_argument("--grow-after", type=int, default=60,
                     help="--elastic: steps at the small size before a host joins")
+    ap.add_argument("--losses-s", type=float, default=40,
+                    help="--elastic: seconds per path of the spot-loss scene (two killed "
+                         "ranks, restart path against in-process recovery); 0: skip it")
     ap.add_argument("--step-sleep-ms", type=int, default=20)
     ap.add_argument("--timeline", action="store_true",
                     help="record the spot run with TUTTI_TIMELINE: demo-out/timeline.json "

@@ -13,7 +13,8 @@
 #                                          # (demo-out/timeline.json, timeline.png; the summary
 #                                          # shows the overlap; docs/timeline.md)
 #   scripts/demo.sh --elastic              # 4 -> 2 -> 4 ranks under tutti-run --min-np/--max-np,
-#                                          # goodput summary (docs/examples.md)
+#                                          # goodput summary; then two killed ranks, restart
+#                                          # path against in-process recovery (docs/examples.md)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"

@@ -14,7 +14,14 @@ machine, under `tutti-run --min-np N/2 --max-np N`.
   5. a reference run follows the same size schedule by plain restarts
      (mpirun ... --stop-at), and the summary reports goodput (launches.jsonl
      and the job's log), the counters that survived the restarts, and
-     whether the parameters are bit-identical to the reference.
+     whether the parameters are bit-identical to the reference;
+  6. spot losses without notice, side by side (--losses-s, 0: skipped):
+     bench/spot/spot_trace.py runs a Horovod-elastic job (commits every
+     step in the memory tier, no checkpoint directory) under tutti-run with
+     two ranks SIGKILLed, once on the restart path (--ulfm off) and once
+     with in-process recovery (Open MPI 5's --with-ft ulfm, tutti-run's
+     default there), and prints the goodput table and each loss's time to
+     the next completed step.
 
 Called by demo.py (which owns the mock endpoint and the console output).
 """
@@ -31,8 +38,8 @@ import demo_report  # noqa: E402
 
 FILES = ("train-elastic.jsonl", "samples-elastic.jsonl", "final-elastic.json",
          "final-elastic-reference.json", "fleet.txt", "discover.sh", "loss-elastic.png",
-         "elastic-reference.log")
-DIRS = ("ckpt-elastic", "ckpt-elastic-reference", "elastic")
+         "elastic-reference.log", "spot-losses.json")
+DIRS = ("ckpt-elastic", "ckpt-elastic-reference", "elastic", "spot-losses")
 
 
 def write_fleet(path, slots):
@@ -108,6 +115,46 @@ def reference(args, out, env, schedule, say):
     return json.load(open(final))
 
 
+def spot_losses(args, out, env, say):
+    """Scene 6: two killed ranks, restart path against in-process recovery
+    (bench/spot/spot_trace.py).  Returns False when a mode that ran did not
+    complete, or the in-process mode (where available) did not recover."""
+    d = args.losses_s
+    work, result = os.path.join(out, "spot-losses"), os.path.join(out, "spot-losses.json")
+    shutil.rmtree(work, ignore_errors=True)
+    events = f"kill@{d * 0.3:.0f},kill@{d * 0.65:.0f}"
+    pythonpath = os.path.join(args.build, "python_pkg")
+    cmd = [sys.executable, os.path.join(ROOT, "bench/spot/spot_trace.py"), "--duration", str(d),
+           "--np", str(args.np), "--events", events, "--modes", "restart,inprocess",
+           "--step-s", "0.3", "--params", str(1 << 18),
+           "--mpirun", os.environ.get("TUTTI_MPIRUN", "mpirun"), "--python", sys.executable,
+           "--pythonpath", pythonpath, "--work", work, "--out", result]
+    say(f"spot losses without notice: {args.np} ranks, a rank SIGKILLed at "
+        f"{d * 0.3:.0f} s and at {d * 0.65:.0f} s of {d} s, on the restart path "
+        "(tutti-run --ulfm off) and with in-process recovery (--ulfm on): "
+        "bench/spot/spot_trace.py " + " ".join(cmd[2:10]))
+    rc = subprocess.call(cmd, env=dict(env, PYTHONPATH=pythonpath))
+    if rc != 0:
+        say(f"spot losses: spot_trace.py exited {rc}")
+        return False
+    res = json.load(open(result))
+    ok = all(r.get("completed") for r in res["results"].values())
+    inproc = res["results"].get("inprocess")
+    if inproc is not None:
+        costs = [e.get("next_step_s") for e in inproc["events"] if e.get("fired")]
+        ok = ok and inproc.get("inprocess_recoveries", 0) >= 1
+        restart = res["results"].get("restart", {})
+        before = [e.get("next_step_s") for e in restart.get("events", []) if e.get("fired")]
+        fmt = lambda xs: ", ".join("—" if x is None else f"{x:.2f} s" for x in xs)
+        say(f"a killed rank cost {fmt(costs)} to the next completed step in-process "
+            f"({inproc.get('inprocess_recoveries', 0)} recoveries, {inproc.get('restarts', 0)} "
+            f"restarts), against {fmt(before)} on the restart path")
+    else:
+        say("in-process recovery not available here: "
+            f"{res['unavailable'].get('inprocess', '?')} (docs/elastic.md)")
+    return ok
+
+
 def run(args, out, env, start_mock, say):
     if args.np < 2 or args.np % 2:
         sys.exit("demo --elastic: --np must be even and at least 2 (it shrinks to half)")
@@ -170,4 +217,5 @@ def run(args, out, env, start_mock, say):
     same = a["hash"] == ref["hash"]
     say(f"final parameters: elastic run {a['hash']}, same schedule by plain restarts "
         f"{ref['hash']}: " + ("bit-identical" if same else "DIFFERENT"))
-    sys.exit(0 if same and check["ok"] else 1)
+    losses_ok = spot_losses(args, out, env, say) if args.losses_s > 0 else True
+    sys.exit(0 if same and check["ok"] and losses_ok else 1)
