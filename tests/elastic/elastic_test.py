@@ -17,6 +17,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "preemption"))
+from fake_hosts import host_processes  # noqa: E402
 from jobs import Job, descendants, fail, finish  # noqa: E402
 
 TRAIN, TUTTI_RUN, MPIEXEC, CASE = sys.argv[1:5]
@@ -385,22 +386,6 @@ def case_return(r):
             r.ends() != [75, 0] or "hostb answers a probe again" not in out or \
             out.count("excluding slowz: unreachable") != 1:
         fail(f"return: starts {r.starts()}, ends {r.ends()}\n{out[-3000:]}")
-
-
-def host_processes(host, triggers):
-    """Pids that run on fake host `host` (fake_agent.sh exports
-    TUTTI_PREEMPT_FILE=<triggers>/<host> to everything it starts; Open MPI's
-    daemon leaves mpirun's process tree with --daemonize)."""
-    want = f"TUTTI_PREEMPT_FILE={os.path.join(triggers, host)}".encode()
-    out = []
-    for p in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
-        try:
-            with open(f"/proc/{p}/environ", "rb") as f:
-                if want in f.read().split(b"\0"):
-                    out.append(p)
-        except OSError:
-            pass
-    return out
 
 
 def case_vanish(r):

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from fake_hosts import host_processes
+
 probe, tutti_run, mpiexec, case = sys.argv[1:5]
 PER_HOST = 2 if case.endswith("-3x2") else 1
 lost = "2" if PER_HOST == 1 else "4-5"   # hostc's ranks
@@ -45,21 +47,6 @@ def closed_form(steps):
     for s in range(1, steps + 1):
         w = w / 2 + s
     return w
-
-
-def host_processes(host, triggers):
-    """Pids on fake host `host` (fake_agent.sh exports TUTTI_PREEMPT_FILE=
-    <triggers>/<host> to everything it starts)."""
-    want = f"TUTTI_PREEMPT_FILE={os.path.join(triggers, host)}".encode()
-    out = []
-    for p in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
-        try:
-            with open(f"/proc/{p}/environ", "rb") as f:
-                if want in f.read().split(b"\0"):
-                    out.append(p)
-        except OSError:
-            pass
-    return out
 
 
 def read_int(path):
