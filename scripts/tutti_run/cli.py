@@ -135,6 +135,7 @@ import os
 import sys
 
 from . import hosts as H
+from .completion import MODES as ULFM_MODES
 
 NUMBER_FLAGS = {
     "--max-restarts": ("max_restarts", int), "--backoff": ("backoff", float),
@@ -233,7 +234,7 @@ def parse_args(argv):
               "wait_timeout", "leaving_ttl", "probe_timeout", "exit_grace"):
         if opts[k] < 0:
             die(f"--{k.replace('_', '-')} must be >= 0, got {opts[k]}")
-    if opts["ulfm"] not in ("auto", "on", "off"):
+    if opts["ulfm"] not in ULFM_MODES:
         die(f"--ulfm {opts['ulfm']!r}: expected auto, on or off")
     if opts["probe_concurrency"] < 1:
         die(f"--probe-concurrency must be >= 1, got {opts['probe_concurrency']}")

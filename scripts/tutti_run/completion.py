@@ -16,20 +16,26 @@ import subprocess
 import tempfile
 
 COMM_FAILURE = 76
-MODES = ("auto", "on", "off")
+MODES = ("auto", "on", "off")  # --ulfm
 # Allocations whose mpirun starts ranks on other hosts without -H/--hostfile.
 ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID", "FLUX_JOB_ID",
                    "OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile")
 
 
-def open_mpi_major(mpirun):
-    """Open MPI's major version from `mpirun --version`, or None (another
-    MPI, or no answer)."""
+def mpirun_version(mpirun):
+    """What `mpirun --version` prints ("" when it cannot be run); tutti-run
+    asks once per run."""
     try:
         out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"\(Open MPI\)\s+(\d+)\.", out.stdout + out.stderr)
+        return ""
+    return out.stdout + out.stderr
+
+
+def open_mpi_major(version):
+    """Open MPI's major version from mpirun_version()'s text, or None
+    (another MPI, or no answer)."""
+    m = re.search(r"\(Open MPI\)\s+(\d+)\.", version)
     return int(m.group(1)) if m else None
 
 
@@ -78,7 +84,7 @@ class Completion:
     check, which runs wherever tutti-run has such a directory, fault
     tolerance on or not."""
 
-    def __init__(self, opts, mpi_args, values, host_options, local_names, log):
+    def __init__(self, opts, mpi_args, values, host_options, local_names, version, log):
         self.log = log
         os.environ.pop("TUTTI_RUN_DIR", None)  # set below, for this run only
         self.dir = None
@@ -94,7 +100,7 @@ class Completion:
         self.user_ft = has_ft_option(mpi_args, values)
         self.add_ft = False
         if mode != "off" and not self.user_ft:
-            major = open_mpi_major(opts["mpirun"])
+            major = open_mpi_major(version)
             if major is not None and major >= 5:
                 self.add_ft = self.dir is not None or mode == "on"
                 if not self.add_ft:

@@ -14,7 +14,7 @@ import time
 from . import hosts as H
 from . import memory
 from .cli import HOST_OPTIONS, MPIRUN_VALUES
-from .completion import Completion
+from .completion import Completion, mpirun_version
 from .journal import Journal, committed_step
 
 PREEMPTED = 75
@@ -32,12 +32,9 @@ def log(msg):
     sys.stderr.flush()
 
 
-def is_open_mpi(mpirun):
-    try:
-        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
-        return "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout + out.stderr
-    except (OSError, subprocess.SubprocessError):
-        return False
+def is_open_mpi(version):
+    """From mpirun_version()'s text."""
+    return "Open MPI" in version or "OpenRTE" in version
 
 
 def status_of(returncode):
@@ -526,8 +523,9 @@ class Runner:
         # Held for the whole run (not only while ranks live), so that no sweep
         # removes the job's commits between two attempts.
         held = None if self.opts["ckpt_dir"] else memory.hold(self.job, log)
+        self.version = mpirun_version(self.opts["mpirun"])
         self.completion = Completion(self.opts, self.mpi_args, MPIRUN_VALUES, HOST_OPTIONS,
-                                     self.local, log)
+                                     self.local, self.version, log)
         try:
             return self.run_jobs()
         finally:
@@ -552,7 +550,7 @@ class Runner:
                 "TUTTI_ELASTIC_MIN_NP": str(self.opts["min_np"]),
                 "TUTTI_ELASTIC_MAX_NP": str(self.opts["max_np"])})
         export = []
-        self.open_mpi = is_open_mpi(self.opts["mpirun"])
+        self.open_mpi = is_open_mpi(self.version)
         if self.open_mpi:
             names = sorted(set([k for k in os.environ if k.startswith("TUTTI_")] +
                                ["TUTTI_RESTART_COUNT"]))

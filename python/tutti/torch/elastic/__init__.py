@@ -74,10 +74,10 @@ def _restart_count():
         return 0
 
 
-def _leave_with_tp_group(state, r, tp_size):
-    """This rank's tensor-parallel group lost a member: the other ranks go on
-    without the group, this process ends with exit code 0 (SystemExit)."""
-    lost = ",".join(str(x) for x in r["lost"])
+def _leave_with_tp_group(state, r, tp_size, lost):
+    """This rank's tensor-parallel group lost a member (world ranks `lost`,
+    as text): the other ranks go on without the group, this process ends
+    with exit code 0 (SystemExit)."""
     _runtime.log(f"this rank's tensor-parallel group (TP {tp_size}) lost world rank(s) {lost}: "
                  f"it leaves the job as a whole DP replica, the other {r['new_size']} ranks go "
                  f"on from commit {state.commit_step}; exiting with code 0")
@@ -110,8 +110,9 @@ def _recover(state, lost, tp_size=1):
         _runtime.log(f"no in-process recovery: {r['new_size']} ranks survive, fewer than "
                      f"TUTTI_ULFM_MIN_SIZE={min_size}")
         return False
+    lost_ranks = ",".join(str(x) for x in r["lost"])
     if r["leaving"]:
-        _leave_with_tp_group(state, r, tp_size)
+        _leave_with_tp_group(state, r, tp_size, lost_ranks)
     _runtime._objects["manager"] = None  # its communicators were released by recover()
     state.on_reset()
     if state._durable_load() is None:
@@ -120,7 +121,6 @@ def _recover(state, lost, tp_size=1):
     state.sync()
     state.save()
     if _C.rank() == 0:
-        lost_ranks = ",".join(str(x) for x in r["lost"])
         _runtime.log(f"recovered in-process: lost world rank(s) {lost_ranks}, "
                      f"{r['old_size']} -> {r['new_size']} ranks, resumed from commit "
                      f"{state.commit_step} in {time.monotonic() - t0:.3f} s")
