@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "comm/rank_list.h"
 #include "core/check.h"
 
 namespace tutti {
@@ -66,12 +67,9 @@ std::vector<FileTransfer> plan_transfers(const NodeLayout& layout,
 
 std::string rank_ranges(const std::vector<int>& ranks) {
   std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]);
-    if (j > i) out += "-" + std::to_string(ranks[j]);
-    i = j + 1;
+  for (const auto& r : comm::to_ranges(ranks)) {
+    out += (out.empty() ? "" : ", ") + std::to_string(r.first);
+    if (r.second != r.first) out += "-" + std::to_string(r.second);
   }
   return out;
 }

@@ -54,6 +54,12 @@ std::string format_ranks(const std::vector<int>& ranks, int max_listed) {
   return format_ranks(r, n, max_listed);
 }
 
+std::string join_ranks(const std::vector<int>& ranks, const char* sep) {
+  std::string s;
+  for (int r : ranks) s += detail::cat(s.empty() ? "" : sep, r);
+  return s;
+}
+
 int report_max_ranks() {
   return static_cast<int>(std::max<int64_t>(1, config::get_int("TUTTI_REPORT_MAX_RANKS")));
 }

@@ -28,6 +28,10 @@ RankRanges to_ranges(std::vector<int> ranks);
 std::string format_ranks(const RankRanges& ranges, uint64_t count, int max_listed);
 std::string format_ranks(const std::vector<int>& ranks, int max_listed);
 
+// Every rank of `ranks`, in the given order, joined by `sep` ("2, 4" with
+// ", "): log lines about a handful of lost ranks, whose text tests read.
+std::string join_ranks(const std::vector<int>& ranks, const char* sep);
+
 // TUTTI_REPORT_MAX_RANKS (>= 1).
 int report_max_ranks();
 

@@ -13,6 +13,7 @@
 #include "comm/mpi/status_service.h"
 #include "comm/mpi/ulfm.h"
 #include "comm/process_group_impl.h"
+#include "comm/rank_list.h"
 #include "comm/registry.h"
 #include "core/check.h"
 #include "core/gemm.h"
@@ -206,7 +207,7 @@ void init(const InitOptions& options) {
   }
   start_timeline_from_env();
   // tutti-run's completion check (preemption/leaving.h).
-  if (s.world->rank() == 0) preempt::record_run_event("started", 0, s.world->size());
+  if (s.world->rank() == 0) preempt::record_run_event("started", s.world->size());
   TUTTI_LOG(kInfo) << "tutti initialised: rank " << s.world->rank() << " of "
                    << s.world->size() << " ("
                    << (s.use_mpi ? "MPI" : "local world of one")
@@ -220,7 +221,7 @@ void shutdown() {
   if (!s.initialized) return;
   // Before anything that could wait on a peer: the job got this far.
   if (s.world && s.world->rank() == 0)
-    preempt::record_run_event("finished", 0, s.world->size());
+    preempt::record_run_event("finished", s.world->size());
   const Registered live = take_registered(s, /*forget=*/true);
   const auto& mpis = live.mpis;
   const auto& devices = live.devices;
@@ -330,10 +331,8 @@ RecoveryResult recover() {
   out.new_rank = s.world->rank();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (out.new_rank == 0) {
-    std::string lost;
-    for (int r : out.lost) lost += detail::cat(lost.empty() ? "" : ", ", r);
     TUTTI_LOG(kInfo) << "recovered in-process: lost world rank" << (out.lost.size() > 1 ? "s " : " ")
-                     << lost << "; world size " << out.old_size << " -> " << out.new_size
+                     << comm::join_ranks(out.lost, ", ") << "; world size " << out.old_size << " -> " << out.new_size
                      << " in " << out.seconds << " s (" << out.attempts << " shrink"
                      << (out.attempts > 1 ? "s" : "") << ")";
   }
@@ -362,12 +361,6 @@ struct TpDrop {
   std::vector<int> left;       // survivors of incomplete TP groups
   int stayers = 0;
 };
-
-std::string ranks_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += detail::cat(out.empty() ? "" : ",", r);
-  return out;
-}
 
 TpDrop tp_drop(int old_size, const std::vector<int>& lost, int tp) {
   std::vector<bool> dead(static_cast<size_t>(old_size), false);
@@ -425,7 +418,7 @@ RecoveryResult recover(const RecoveryOptions& options) {
   if (drop.left.empty()) return out;  // the dead were whole TP groups: nothing more leaves
   if (drop.stayers == 0)
     TUTTI_THROW(kRanksLost, "after losing world rank(s) ",
-                ranks_list(out.lost), " every tensor-parallel group of ", tp,
+                comm::join_ranks(out.lost, ","), " every tensor-parallel group of ", tp,
                 " lost a member: no complete model replica survives in-process (the job "
                 "must restart from its last commit)");
   // The survivors' world is closed on every one of them, then the
@@ -454,8 +447,8 @@ RecoveryResult recover(const RecoveryOptions& options) {
   out.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (out.new_rank == 0 || (out.leaving && me == drop.left.front()))
     TUTTI_LOG(kInfo) << "recovered a TP x DP mesh: tensor-parallel group(s) that lost world "
-                     << "rank(s) " << ranks_list(out.lost) << " leave whole (their "
-                     << "survivors " << ranks_list(drop.left) << "); " << survivors
+                     << "rank(s) " << comm::join_ranks(out.lost, ",") << " leave whole (their "
+                     << "survivors " << comm::join_ranks(drop.left, ",") << "); " << survivors
                      << " -> " << drop.stayers << " ranks, TP " << tp << " x DP "
                      << drop.stayers / tp;
   return out;

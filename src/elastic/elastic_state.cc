@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/rank_list.h"
 #include "comm/registry.h"
 #include "core/check.h"
 #include "tutti/config.h"
@@ -183,10 +184,8 @@ namespace {
 // the rest of the job goes on without the group, this process ends cleanly
 // (exit code 0, not a failure for the launcher or tutti-run).
 [[noreturn]] void leave_with_tp_group(ElasticState::Impl& s, const RecoveryResult& r) {
-  std::string lost;
-  for (int x : r.lost) lost += detail::cat(lost.empty() ? "" : ",", x);
   TUTTI_LOG(kWarn) << "elastic: this rank's tensor-parallel group (TP " << s.options.tp_size
-                   << ") lost world rank(s) " << lost << ": it leaves the job as a whole DP "
+                   << ") lost world rank(s) " << comm::join_ranks(r.lost, ",") << ": it leaves the job as a whole DP "
                    << "replica, the other " << r.new_size << " ranks go on from the commit of "
                    << "step " << s.step << "; exiting with code 0";
   s.running = false;
@@ -234,9 +233,8 @@ void recover_or_raise(ElasticState::Impl& s, const Error& lost,
     throw lost;
   }
   if (s.group->rank() == 0) {
-    std::string ranks;
-    for (int x : r.lost) ranks += detail::cat(ranks.empty() ? "" : ",", x);
-    TUTTI_LOG(kWarn) << "elastic: recovered in-process: lost world rank(s) " << ranks << ", "
+    TUTTI_LOG(kWarn) << "elastic: recovered in-process: lost world rank(s) "
+                     << comm::join_ranks(r.lost, ",") << ", "
                      << r.old_size << " -> " << r.new_size << " ranks, resumed from the commit "
                      << "of step " << s.step << " in "
                      << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)

@@ -49,6 +49,16 @@ std::vector<std::string> addresses() {
   return {out.begin(), out.end()};
 }
 
+// One record: `rec` as a line of JSON in dir/name, written atomically
+// (0600), `dir` created when missing.  ensure_ascii: a name or detail with
+// invalid UTF-8 must not throw.  Throws on failure: each caller says it its
+// own way and goes on.
+void write_record(const std::string& dir, const std::string& name, const nlohmann::json& rec) {
+  ckpt::make_dirs(dir);
+  ckpt::write_file_atomic(
+      dir, name, rec.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) + "\n", 0600);
+}
+
 }  // namespace
 
 bool notice_is_node_local(const std::string& source, int signal_sender) {
@@ -76,12 +86,7 @@ void record_leaving(const std::string& source, const std::string& reason) {
       {"job", ckpt::default_job_id()}, {"pid", static_cast<int>(::getpid())}};
   const std::string leaving = dir + "/leaving";
   try {
-    ckpt::make_dirs(leaving);
-    // ensure_ascii: a name or detail with invalid UTF-8 must not throw.
-    ckpt::write_file_atomic(leaving, host,
-                            rec.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) +
-                                "\n",
-                            0600);
+    write_record(leaving, host, rec);
     TUTTI_LOG(kWarn) << "elastic: recorded " << leaving << "/" << host << " (" << source
                      << "): tutti-run leaves this host out of the next start";
   } catch (const std::exception& e) {
@@ -105,18 +110,14 @@ void record_exit(int status, const std::string& reason) {
                               {"time", static_cast<double>(std::time(nullptr))}};
   const std::string exited = dir + "/exited";
   try {
-    ckpt::make_dirs(exited);
-    ckpt::write_file_atomic(exited, host + "-" + std::to_string(pid),
-                            rec.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) +
-                                "\n",
-                            0600);
+    write_record(exited, host + "-" + std::to_string(pid), rec);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[tutti] elastic: cannot record this rank's exit in %s: %s\n",
                  exited.c_str(), e.what());
   }
 }
 
-void record_run_event(const char* event, int rank, int size) {
+void record_run_event(const char* event, int size) {
   const std::string dir = config::get_string("TUTTI_RUN_DIR");
   if (dir.empty()) return;
   const int attempt = config::get_int("TUTTI_RESTART_COUNT");
@@ -124,15 +125,11 @@ void record_run_event(const char* event, int rank, int size) {
                               {"attempt", attempt},
                               {"host", host_name()},
                               {"pid", static_cast<int>(::getpid())},
-                              {"rank", rank},
+                              {"rank", 0},
                               {"size", size},
                               {"time", static_cast<double>(std::time(nullptr))}};
   try {
-    ckpt::make_dirs(dir);
-    ckpt::write_file_atomic(dir, std::string(event) + "-" + std::to_string(attempt),
-                            rec.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) +
-                                "\n",
-                            0600);
+    write_record(dir, std::string(event) + "-" + std::to_string(attempt), rec);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[tutti] cannot record '%s' in TUTTI_RUN_DIR=%s: %s\n", event,
                  dir.c_str(), e.what());

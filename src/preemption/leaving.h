@@ -34,13 +34,14 @@ void record_exit(int status, const std::string& reason);
 // The job's own account of how far it got, for tutti-run's completion check
 // (docs/elastic.md, "Completion under --with-ft ulfm"): writes
 // $TUTTI_RUN_DIR/<event>-<attempt> when TUTTI_RUN_DIR is set, with
-// {"event", "attempt", "host", "pid", "rank", "size", "time"} (attempt =
-// TUTTI_RESTART_COUNT).  World rank 0 calls it with "started" once tutti is
-// initialised and with "finished" when it shuts down.  Under Open MPI 5's
+// {"event", "attempt", "host", "pid", "rank" (0), "size", "time"} (attempt =
+// TUTTI_RESTART_COUNT).  World rank 0 calls it, with the world's size, with
+// "started" once tutti is initialised and with "finished" when it shuts
+// down.  Under Open MPI 5's
 // `--with-ft ulfm`, mpirun exits 0 even when every rank was SIGKILLed; a job
 // that started without finishing is then a failure to tutti-run.  Never
 // throws; a failure is printed.
-void record_run_event(const char* event, int rank, int size);
+void record_run_event(const char* event, int size);
 
 }  // namespace preempt
 }  // namespace tutti

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/rank_list.h"
 #include "comm/registry.h"
 #include "core/check.h"
 #include "tutti/config.h"
@@ -83,11 +84,7 @@ std::vector<int> to_base(MPI_Group group) {
 }
 #endif
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += detail::cat(s.empty() ? "" : ", ", r);
-  return s;
-}
+std::string rank_list(const std::vector<int>& ranks) { return comm::join_ranks(ranks, ", "); }
 
 }  // namespace
 
