@@ -5,7 +5,9 @@ import concurrent.futures
 import ctypes
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -76,6 +78,35 @@ def session_members(sid):
         except (OSError, IndexError, ValueError):
             pass
     return out
+
+
+def launcher_tmpdir():
+    """Where Open MPI 5's launcher (PRRTE) makes its session directory:
+    its prte_tmpdir_base, else TMPDIR, TEMP, TMP, else /tmp."""
+    for key in ("PRTE_MCA_prte_tmpdir_base", "TMPDIR", "TEMP", "TMP"):
+        if os.environ.get(key):
+            return os.environ[key]
+    return "/tmp"
+
+
+def clear_launcher_leftovers(pid):
+    """Removes <tmpdir>/ompi.<pid> and prte.<pid> when they are directories
+    of this user.  Open MPI 5's launcher keeps its session there, named
+    after its pid, and removes it when it exits; one that was SIGKILLed
+    leaves it, with PMIx's rendezvous files in it, and the next launcher
+    given that pid stops at once ("The PMIx server's listener thread failed
+    to start", exit 213) before any rank runs.  Called in the child between
+    fork and exec with its own pid, which mpirun is about to take: whatever
+    is named after it is a leftover."""
+    base = launcher_tmpdir()
+    for prefix in ("ompi", "prte"):
+        d = os.path.join(base, f"{prefix}.{pid}")
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def end_session(sid, grace):
@@ -290,6 +321,7 @@ class Runner:
                 libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
             if os.getppid() != parent:  # tutti-run died before the prctl
                 os._exit(143)
+            clear_launcher_leftovers(os.getpid())
             if delay > 0:  # tests: widen the window in which the parent spawns
                 time.sleep(delay)
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
