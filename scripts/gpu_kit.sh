@@ -113,9 +113,12 @@ find "$KIT/build" -type f ! -name '*.cmake' -exec strip --strip-unneeded {} + 2>
 # Absolute paths become placeholders (the launcher first: Open MPI 5's lies
 # in the project venv, inside the source tree; then the build tree, which
 # may lie inside the source tree too).  The launcher's path also stands in
-# the tests' environment (TUTTI_MPIRUN).
+# the tests' environment (TUTTI_MPIRUN).  The tests launch through
+# build/tests/mpiexec, a script that clears killed launchers' leftovers on
+# this machine (tests/common/mpiexec.sh.in); a fresh target has none, so the
+# kit's tests call its mpiexec directly.
 find "$KIT/build" -name CTestTestfile.cmake | while read -r f; do
-  sed -i -e "s|$MPIEXEC|@KIT_BIN@/mpiexec|g" \
+  sed -i -e "s|$BUILD/tests/mpiexec|@KIT_BIN@/mpiexec|g" -e "s|$MPIEXEC|@KIT_BIN@/mpiexec|g" \
          -e "s|$BUILD|@KIT_BUILD@|g" -e "s|$SOURCE_DIR|@REPO@|g" "$f"
 done
 

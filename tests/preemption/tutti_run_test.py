@@ -180,10 +180,13 @@ def case_launcher(tmp):
 
 def launcher_name():
     """The launcher process's name: Open MPI 5's mpiexec (a wrapper) execs
-    prterun, which then runs and exits under that name."""
-    if os.path.exists(os.path.join(os.path.dirname(os.path.realpath(MPIEXEC)), "prterun")):
+    prterun, which then runs and exits under that name.  MPIEXEC is the
+    tests' script (tests/common/mpiexec.sh.in), which execs the real one,
+    named by TUTTI_MPIEXEC_REAL."""
+    real = os.environ.get("TUTTI_MPIEXEC_REAL") or MPIEXEC
+    if os.path.exists(os.path.join(os.path.dirname(os.path.realpath(real)), "prterun")):
         return "prterun"
-    return os.path.basename(MPIEXEC)
+    return os.path.basename(real)
 
 
 def late_usr1(marker, reset=False):
