@@ -36,11 +36,21 @@
 namespace tutti {
 
 struct ElasticOptions {
-  // Where commits go: this directory, else TUTTI_CKPT_DIR, else the memory
-  // tier (node-local shared memory: a job on one host; open_memory_tier()).
+  // Commits go to the memory tier (node-local shared memory, copied to a
+  // buddy on the next host; open_memory_tier()) and, as the safety net, to
+  // this directory, else TUTTI_CKPT_DIR, when one is set (docs/elastic.md,
+  // "Commits: the memory tier and the directory").  A load takes the newest
+  // commit complete in either.
   std::string ckpt_dir;
-  // Commits kept; <= 0: TUTTI_CKPT_KEEP in a directory, 1 in the memory tier.
+  // Commits kept in the directory (<= 0: TUTTI_CKPT_KEEP); the memory tier
+  // keeps 1 beside a directory, else keep_last (at least 1).
   int keep_last = 0;
+  // With a directory: every how many commits also go to it while the memory
+  // tier keeps them (<= 0: TUTTI_COMMIT_DURABLE_EVERY, default 1: every one).
+  int durable_every = 0;
+  // With a directory: whether commits go to the memory tier too (-1:
+  // TUTTI_COMMIT_MEMORY, default 1).  Without one it is always used.
+  int memory_tier = -1;
   // The program's own PreemptionMonitor (one per process owns the signals);
   // null: ElasticState makes one with the TUTTI_PREEMPT_* settings.
   PreemptionMonitor* monitor = nullptr;
@@ -56,7 +66,8 @@ struct ElasticOptions {
 class TUTTI_API ElasticState {
  public:
   // Collective over `group`.  kInvalidArgument when no directory is set and
-  // the memory tier cannot serve the job (several hosts, no job id).
+  // the memory tier cannot serve the job (no job id, no room); with a
+  // directory that only costs the memory tier (said once at WARN).
   ElasticState(ProcessGroupPtr group, Components components, ElasticOptions options = {});
   ~ElasticState();
   ElasticState(const ElasticState&) = delete;
@@ -65,9 +76,9 @@ class TUTTI_API ElasticState {
   // Collective: commits the components as checkpoint `step` with
   // `metadata_json` (a JSON object: the data position, an epoch), written
   // before it returns, then agrees on a stop notice.  Inside elastic_run a
-  // stop ends the process with exit code 75 after this commit.  In the
-  // memory tier, a commit over the budget (TUTTI_MEM_BUDGET_MB) is skipped
-  // on every rank, said once.
+  // stop ends the process with exit code 75 after this commit.  A commit
+  // over the memory tier's budget (TUTTI_MEM_BUDGET_MB) goes to the
+  // directory only, or without one is not kept, on every rank, said once.
   void commit(int64_t step, const std::string& metadata_json = "{}");
   // Collective: the components go back to the last commit (loaded again;
   // from RAM in the memory tier).  kInvalidArgument when nothing was
@@ -76,7 +87,8 @@ class TUTTI_API ElasticState {
   // The last commit's step and metadata (0 and "{}" before the first).
   int64_t step() const;
   const std::string& metadata() const;
-  // Where commits go.
+  // Where commits go: the memory tier's directory while it serves the job,
+  // else the checkpoint directory.
   const std::string& dir() const;
   bool memory_tier() const;
   // Called by elastic_run after a restart (TUTTI_RESTART_COUNT > 0) or when

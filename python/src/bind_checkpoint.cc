@@ -16,6 +16,7 @@
 
 #include "convert.h"
 #include "core/check.h"
+#include "elastic/commit_tiers.h"
 #include "tutti/checkpoint.h"
 
 namespace tutti {
@@ -107,30 +108,36 @@ pyb::dict info_dict(const CheckpointInfo& i) {
 }
 
 // Managers still open; closed (their saves waited for) before shutdown.
-struct PyCheckpointManager;
+struct PyManagerBase {
+  virtual ~PyManagerBase() = default;
+  virtual void close() = 0;
+};
 std::mutex g_mu;
-std::set<PyCheckpointManager*>& live() {
-  static std::set<PyCheckpointManager*> s;
+std::set<PyManagerBase*>& live() {
+  static std::set<PyManagerBase*> s;
   return s;
 }
 
-struct PyCheckpointManager {
-  std::unique_ptr<CheckpointManager> mgr;
-  PyCheckpointManager() {
+// A CheckpointManager, or the elastic commits' CommitTiers (the same
+// methods), owned by Python.
+template <class M>
+struct PyManager : PyManagerBase {
+  std::unique_ptr<M> mgr;
+  PyManager() {
     std::lock_guard<std::mutex> lock(g_mu);
     live().insert(this);
   }
-  ~PyCheckpointManager() {
+  ~PyManager() override {
     close();
     std::lock_guard<std::mutex> lock(g_mu);
     live().erase(this);
   }
-  CheckpointManager& get() {
-    TUTTI_ARG_CHECK(mgr != nullptr, "CheckpointManager is closed");
+  M& get() {
+    TUTTI_ARG_CHECK(mgr != nullptr, "the checkpoint manager is closed");
     return *mgr;
   }
-  void close() {
-    std::unique_ptr<CheckpointManager> m = std::move(mgr);
+  void close() override {
+    std::unique_ptr<M> m = std::move(mgr);
     if (!m) return;
     if (PyGILState_Check()) {
       pyb::gil_scoped_release nogil;
@@ -140,6 +147,109 @@ struct PyCheckpointManager {
     }
   }
 };
+using PyCheckpointManager = PyManager<CheckpointManager>;
+using PyCommitTiers = PyManager<elastic::CommitTiers>;
+
+// save, wait, load, latest_step, list, dir, stats and close: the same on
+// both kinds of manager (tutti.torch.checkpoint.save/load take either).
+template <class M>
+void def_manager_methods(pyb::class_<PyManager<M>>& c) {
+  using P = PyManager<M>;
+  c.def("save",
+        [](P& self, int64_t step, pyb::handle state, pyb::object metadata) {
+          Prepared p = prepare(state);
+          const std::string meta =
+              metadata.is_none()
+                  ? std::string("{}")
+                  : pyb::str(pyb::module_::import("json").attr("dumps")(metadata))
+                        .cast<std::string>();
+          M& mgr = self.get();
+          pyb::gil_scoped_release nogil;
+          mgr.save(step, p.components, meta);
+        },
+        pyb::arg("step"), pyb::arg("state"), pyb::arg("metadata") = pyb::none(),
+        "Collective: saves `state` as checkpoint `step`.  Async managers return "
+        "once the state is copied (the tensors may change afterwards).")
+      .def("wait", [](P& self) {
+        M& mgr = self.get();
+        pyb::gil_scoped_release nogil;
+        mgr.wait();
+      }, "Blocks until the in-flight save is committed on every rank; raises its error.")
+      .def_property_readonly("in_flight", [](P& self) { return self.get().in_flight(); })
+      .def("load",
+           [](P& self, pyb::handle state, int64_t step, std::vector<std::string> optional,
+              bool resume) -> pyb::object {
+             Prepared p = prepare(state);
+             LoadOptions o;
+             o.step = step;
+             o.optional = std::move(optional);
+             o.resume = resume;
+             M& mgr = self.get();
+             std::optional<LoadResult> r;
+             {
+               pyb::gil_scoped_release nogil;
+               r = mgr.load(p.components, o);
+             }
+             if (!r) return pyb::none();
+             pyb::dict d;
+             d["step"] = r->step;
+             d["name"] = r->name;
+             d["metadata"] = json_loads(r->metadata_json);
+             d["saved_world_size"] = r->saved_world_size;
+             d["skipped"] = r->skipped;
+             d["files_opened"] = r->files_opened;
+             d["bytes_read"] = r->bytes_read;
+             return std::move(d);
+           },
+           pyb::arg("state"), pyb::kw_only(), pyb::arg("step") = -1,
+           pyb::arg("optional") = std::vector<std::string>{}, pyb::arg("resume") = true,
+           "Collective: loads the newest checkpoint that verifies (or exactly "
+           "`step`) into the state's tensors, resharding as needed.  Returns "
+           "{step, name, metadata, saved_world_size, skipped, files_opened, "
+           "bytes_read (this rank's reads)} or None when there "
+           "is none.  `optional`: names or 'prefix/' that may be absent.  "
+           "resume=False: a read-only load that changes nothing in the directory "
+           "(newer checkpoints are not set aside as an abandoned timeline).")
+      .def("latest_step", [](P& self) {
+        M& mgr = self.get();
+        pyb::gil_scoped_release nogil;
+        return mgr.latest_step();
+      },
+           "Local: the newest complete checkpoint's step (not verified), or None.")
+      .def("list", [](P& self) {
+        M& mgr = self.get();
+        std::vector<CheckpointInfo> all;
+        {
+          pyb::gil_scoped_release nogil;
+          all = mgr.list();
+        }
+        pyb::list out;
+        for (const auto& i : all) out.append(info_dict(i));
+        return out;
+      }, "Local: every checkpoint directory, oldest first.")
+      .def_property_readonly("dir", [](P& self) { return self.get().dir(); })
+      .def("last_save_stats", [](P& self) {
+        const SaveStats s = self.get().last_save_stats();
+        pyb::dict d;
+        d["step"] = s.step;
+        d["bytes"] = s.bytes;
+        d["written_bytes"] = s.written_bytes;
+        d["blocking_s"] = s.blocking_s;
+        d["snapshot_s"] = s.snapshot_s;
+        d["write_s"] = s.write_s;
+        d["commit_s"] = s.commit_s;
+        d["direct_io"] = s.direct_io;
+        return d;
+      })
+      .def("close", &P::close,
+           "Waits for an in-flight save and releases the manager (also at exit, "
+           "before tutti.shutdown()).")
+      .def("__enter__", [](pyb::object self) { return self; })
+      .def("__exit__", [](P& self, pyb::args) {
+        self.close();
+        return false;
+      });
+}
 
 }  // namespace
 
@@ -153,13 +263,14 @@ void bind_checkpoint(pyb::module_& m) {
              "checkpoints, or a tutti-run restart into an unused directory)")
       .value("ALLOW", FreshStart::kAllow, "always start fresh (WARN when a history was expected)")
       .value("REFUSE", FreshStart::kRefuse, "never: the job must resume");
-  pyb::class_<PyCheckpointManager>(
+  pyb::class_<PyCheckpointManager> checkpoint_manager(
       m, "CheckpointManager",
       "Sharded, checksummed, atomically committed checkpoints (safetensors "
       "shards + manifest.json) with async saves and resharding loads.  "
       "Collective over `group`.  state: {component: Stateful or {name: tensor "
-      "or (tensor, shard dict)}}; metadata: a JSON-serialisable dict.")
-      .def(pyb::init([](std::shared_ptr<ProcessGroup> group, std::string dir, int keep_last,
+      "or (tensor, shard dict)}}; metadata: a JSON-serialisable dict.");
+  checkpoint_manager.def(
+      pyb::init([](std::shared_ptr<ProcessGroup> group, std::string dir, int keep_last,
                         bool async_save, double timeout, pyb::object mesh, bool direct_io,
                         int64_t stream, FreshStart fresh_start, unsigned file_mode,
                         unsigned dir_mode, const std::string& layout) {
@@ -201,103 +312,49 @@ void bind_checkpoint(pyb::module_& m) {
            "'once' (replicated tensors written once across the job; manifest "
            "version 3), 'per-rank' (every rank writes every tensor it holds; "
            "version 2, what older tutti reads) or '' (TUTTI_CKPT_LAYOUT, default "
-           "once).  Collective.")
-      .def("save",
-           [](PyCheckpointManager& self, int64_t step, pyb::handle state, pyb::object metadata) {
-             Prepared p = prepare(state);
-             const std::string meta =
-                 metadata.is_none()
-                     ? std::string("{}")
-                     : pyb::str(pyb::module_::import("json").attr("dumps")(metadata))
-                           .cast<std::string>();
-             CheckpointManager& mgr = self.get();
-             pyb::gil_scoped_release nogil;
-             mgr.save(step, p.components, meta);
-           },
-           pyb::arg("step"), pyb::arg("state"), pyb::arg("metadata") = pyb::none(),
-           "Collective: saves `state` as checkpoint `step`.  Async managers return "
-           "once the state is copied (the tensors may change afterwards).")
-      .def("wait", [](PyCheckpointManager& self) {
-        CheckpointManager& mgr = self.get();
-        pyb::gil_scoped_release nogil;
-        mgr.wait();
-      }, "Blocks until the in-flight save is committed on every rank; raises its error.")
-      .def_property_readonly("in_flight", [](PyCheckpointManager& self) {
-        return self.get().in_flight();
+           "once).  Collective.");
+  def_manager_methods(checkpoint_manager);
+
+  pyb::class_<PyCommitTiers> commit_tiers(
+      m, "_CommitTiers",
+      "tutti.torch.elastic's commits: the memory tier, and the checkpoint directory "
+      "when one is set (src/elastic/commit_tiers.h).  The methods of CheckpointManager.");
+  commit_tiers.def(pyb::init([](std::shared_ptr<ProcessGroup> group, std::string durable_dir,
+                                int keep_last, bool async_save, int durable_every, int memory) {
+                     elastic::CommitTierOptions o;
+                     o.durable_dir = std::move(durable_dir);
+                     o.keep_last = keep_last;
+                     o.async = async_save;
+                     o.durable_every = durable_every;
+                     o.memory = memory;
+                     auto p = std::make_unique<PyCommitTiers>();
+                     pyb::gil_scoped_release nogil;
+                     p->mgr = std::make_unique<elastic::CommitTiers>(std::move(group), o);
+                     return p;
+                   }),
+                   pyb::arg("group"), pyb::arg("durable_dir") = "", pyb::kw_only(),
+                   pyb::arg("keep_last") = 0, pyb::arg("async_save") = false,
+                   pyb::arg("durable_every") = 0, pyb::arg("memory") = -1,
+                   "Collective.  durable_every <= 0: TUTTI_COMMIT_DURABLE_EVERY; memory "
+                   "-1: TUTTI_COMMIT_MEMORY.")
+      .def_property_readonly("memory_tier", [](PyCommitTiers& self) {
+        return self.get().memory_tier();
       })
-      .def("load",
-           [](PyCheckpointManager& self, pyb::handle state, int64_t step,
-              std::vector<std::string> optional, bool resume) -> pyb::object {
-             Prepared p = prepare(state);
-             LoadOptions o;
-             o.step = step;
-             o.optional = std::move(optional);
-             o.resume = resume;
-             CheckpointManager& mgr = self.get();
-             std::optional<LoadResult> r;
-             {
-               pyb::gil_scoped_release nogil;
-               r = mgr.load(p.components, o);
-             }
-             if (!r) return pyb::none();
-             pyb::dict d;
-             d["step"] = r->step;
-             d["name"] = r->name;
-             d["metadata"] = json_loads(r->metadata_json);
-             d["saved_world_size"] = r->saved_world_size;
-             d["skipped"] = r->skipped;
-             d["files_opened"] = r->files_opened;
-             d["bytes_read"] = r->bytes_read;
-             return std::move(d);
-           },
-           pyb::arg("state"), pyb::kw_only(), pyb::arg("step") = -1,
-           pyb::arg("optional") = std::vector<std::string>{}, pyb::arg("resume") = true,
-           "Collective: loads the newest checkpoint that verifies (or exactly "
-           "`step`) into the state's tensors, resharding as needed.  Returns "
-           "{step, name, metadata, saved_world_size, skipped, files_opened, "
-           "bytes_read (this rank's reads)} or None when there "
-           "is none.  `optional`: names or 'prefix/' that may be absent.  "
-           "resume=False: a read-only load that changes nothing in the directory "
-           "(newer checkpoints are not set aside as an abandoned timeline).")
-      .def("latest_step", [](PyCheckpointManager& self) {
-        CheckpointManager& mgr = self.get();
-        pyb::gil_scoped_release nogil;
-        return mgr.latest_step();
-      },
-           "Local: the newest complete checkpoint's step (not verified), or None.")
-      .def("list", [](PyCheckpointManager& self) {
-        CheckpointManager& mgr = self.get();
-        std::vector<CheckpointInfo> all;
-        {
-          pyb::gil_scoped_release nogil;
-          all = mgr.list();
-        }
-        pyb::list out;
-        for (const auto& i : all) out.append(info_dict(i));
-        return out;
-      }, "Local: every checkpoint directory, oldest first.")
-      .def_property_readonly("dir", [](PyCheckpointManager& self) { return self.get().dir(); })
-      .def("last_save_stats", [](PyCheckpointManager& self) {
-        const SaveStats s = self.get().last_save_stats();
-        pyb::dict d;
-        d["step"] = s.step;
-        d["bytes"] = s.bytes;
-        d["written_bytes"] = s.written_bytes;
-        d["blocking_s"] = s.blocking_s;
-        d["snapshot_s"] = s.snapshot_s;
-        d["write_s"] = s.write_s;
-        d["commit_s"] = s.commit_s;
-        d["direct_io"] = s.direct_io;
-        return d;
+      .def_property_readonly("durable_dir", [](PyCommitTiers& self) {
+        return self.get().durable_dir();
       })
-      .def("close", &PyCheckpointManager::close,
-           "Waits for an in-flight save and releases the manager (also at exit, "
-           "before tutti.shutdown()).")
-      .def("__enter__", [](pyb::object self) { return self; })
-      .def("__exit__", [](PyCheckpointManager& self, pyb::args) {
-        self.close();
-        return false;
-      });
+      .def("reopen", [](PyCommitTiers& self, std::shared_ptr<ProcessGroup> group) {
+        elastic::CommitTiers& t = self.get();
+        pyb::gil_scoped_release nogil;
+        t.reopen(std::move(group));
+      }, pyb::arg("group"),
+         "Collective: the managers again over `group` (after tutti.recover()).")
+      .def("finish", [](PyCommitTiers& self) {
+        elastic::CommitTiers& t = self.get();
+        pyb::gil_scoped_release nogil;
+        t.finish();
+      }, "Collective: the job is done; the memory tier's commits are removed.");
+  def_manager_methods(commit_tiers);
 
   m.def("list_checkpoints", [](const std::string& dir) {
     std::vector<CheckpointInfo> all;
@@ -315,22 +372,8 @@ void bind_checkpoint(pyb::module_& m) {
   }, pyb::arg("path"),
      "Local: '' when the checkpoint directory is valid (manifest, sizes, "
      "checksums), else the first problem.");
-  m.def("_open_memory_tier", [] {
-    const MemoryTier t = open_memory_tier();
-    pyb::dict d;
-    d["dir"] = t.dir;
-    d["job"] = t.job;
-    d["budget_bytes"] = t.budget_bytes;
-    return d;
-  }, "Local: this job's memory-tier directory on this node (open_memory_tier).");
-  m.def("_memory_tier_has_room", [](const std::string& commits_dir, uint64_t state_bytes) {
-    std::string why;
-    const bool room = memory_tier_has_room(commits_dir, state_bytes, &why);
-    return pyb::make_tuple(room, why);
-  }, "Local: (room, why): memory_tier_has_room.");
-  m.def("_remove_memory_tier", &remove_memory_tier);
   m.def("_close_checkpoint_managers", [] {
-    std::vector<PyCheckpointManager*> all;
+    std::vector<PyManagerBase*> all;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       all.assign(live().begin(), live().end());

@@ -567,10 +567,14 @@ class Runner:
             memory.remove_job(self.job, log)
 
     def progress_step(self):
-        """The committed step: <ckpt-dir>/latest, else the memory tier's on this host."""
+        """The committed step: the newer of <ckpt-dir>/latest and the memory
+        tier's on this host (elastic commits go to both; the directory may
+        get every n-th only, TUTTI_COMMIT_DURABLE_EVERY)."""
+        steps = [committed_step(memory.commits_dir(self.job))]
         if self.opts["ckpt_dir"]:
-            return committed_step(self.opts["ckpt_dir"])
-        return committed_step(memory.commits_dir(self.job))
+            steps.append(committed_step(self.opts["ckpt_dir"]))
+        known = [s for s in steps if s is not None]
+        return max(known) if known else None
 
     def run_jobs(self):
         for sig in NOTICE_SIGNALS:

@@ -199,6 +199,15 @@ const std::vector<SettingInfo> kSettings = {
      "Most memory the memory tier may use on a node, in MiB; a commit that would "
      "exceed it is not kept in memory (said once at WARN). 0: half the free space of "
      "TUTTI_MEM_DIR when the job starts."},
+    {"TUTTI_COMMIT_MEMORY", "bool", "1",
+     "Elastic commits (ElasticState, tutti.torch.elastic) go to the memory tier also where a "
+     "checkpoint directory is set (TUTTI_CKPT_DIR): a restart or an in-process recovery "
+     "loads the newest commit from RAM, and the directory is the safety net. 0: the "
+     "directory only. Without a directory the memory tier is always used."},
+    {"TUTTI_COMMIT_DURABLE_EVERY", "int", "1",
+     "With a checkpoint directory and the memory tier: every how many elastic commits also "
+     "go to the directory (1: every one). A commit the memory tier does not keep (over its "
+     "budget) goes to the directory whatever this says."},
     {"TUTTI_MEM_BUDDY_EVERY", "int", "1",
      "On several hosts, every how many memory-tier commits each rank copies its files to "
      "its buddy (the rank with its local index on the next host), so that a restart "

@@ -1,5 +1,5 @@
-// ElasticState and elastic_run (include/tutti/elastic.h): commits through a
-// CheckpointManager on the durable directory or the memory tier, a stop
+// ElasticState and elastic_run (include/tutti/elastic.h): commits to the
+// memory tier and the checkpoint directory (elastic/commit_tiers.h), a stop
 // agreed at each commit, reset callbacks after a restart or a resize.
 #include "tutti/elastic.h"
 
@@ -13,6 +13,7 @@
 
 #include "comm/rank_list.h"
 #include "comm/registry.h"
+#include "elastic/commit_tiers.h"
 #include "core/check.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
@@ -24,12 +25,6 @@ namespace {
 
 struct StopAtCommit {};  // thrown by commit() inside elastic_run
 
-// An all-reduce MAX of one int64 over `group`.
-int64_t agree_max(ProcessGroup& group, int64_t v, const char* name) {
-  group.allreduce(Tensor::of(&v, 1), ReduceOp::kMax, {name});
-  return v;
-}
-
 }  // namespace
 
 class ElasticState::Impl {
@@ -37,64 +32,24 @@ class ElasticState::Impl {
   Impl(ProcessGroupPtr g, Components c, ElasticOptions o)
       : group(std::move(g)), components(std::move(c)), options(std::move(o)) {
     TUTTI_ARG_CHECK(group != nullptr, "ElasticState: null process group");
-    CheckpointOptions co;
-    co.dir = options.ckpt_dir.empty() ? config::get_string("TUTTI_CKPT_DIR") : options.ckpt_dir;
-    co.keep_last = options.keep_last;
-    co.async = false;  // a commit has landed when commit() returns
-    if (co.dir.empty()) {
-      // The memory tier: on several hosts each rank's commit files are
-      // copied to a buddy on the next host (docs/checkpoint.md, "Memory
-      // tier"), so a restart after a lost host resumes from memory.
-      // Opened on every rank; a failure on one must not leave the others in
-      // the next collective: agree, then raise everywhere.
-      std::string problem;
-      try {
-        tier = open_memory_tier();
-      } catch (const Error& e) {
-        problem = e.what();
-      }
-      if (agree_max(*group, problem.empty() ? 0 : 1, "tutti.elastic.memory_tier"))
-        TUTTI_THROW(kInvalidArgument, "ElasticState: no checkpoint directory for commits, and "
-                    "the memory tier cannot keep them: ",
-                    problem.empty() ? "it failed on another rank (see its error)" : problem,
-                    " (or set TUTTI_CKPT_DIR)");
-      co.dir = tier->dir + "/commits";
-      co.keep_last = options.keep_last > 0 ? options.keep_last : 1;
-      co.fresh_start = FreshStart::kAllow;  // an empty memory tier can only start fresh
+    elastic::CommitTierOptions to;
+    to.durable_dir =
+        options.ckpt_dir.empty() ? config::get_string("TUTTI_CKPT_DIR") : options.ckpt_dir;
+    to.keep_last = options.keep_last;
+    to.async = false;  // a commit has landed when commit() returns
+    to.durable_every = options.durable_every;
+    to.memory = options.memory_tier;
+    try {
+      commits.reset(new elastic::CommitTiers(group, to));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+      TUTTI_THROW(kInvalidArgument, "ElasticState: ", e.message());
     }
     group_is_world = group.get() == world().get();
-    manager_options = co;
-    manager.reset(new CheckpointManager(group, co));
     if (!options.monitor) {
       own_monitor.reset(new PreemptionMonitor());
       options.monitor = own_monitor.get();
     }
-  }
-
-  // Collective: whether the memory tier has room for one more commit beside
-  // the newest (the same verdict on every rank).
-  // Collective: whether the memory tier holds one more commit
-  // (memory_tier_has_room), the same verdict on every rank; a local failure
-  // counts as "no room".  Said once, on rank 0.
-  bool room_for_commit() {
-    if (!tier) return true;
-    std::string why;
-    bool room = false;
-    try {
-      uint64_t state_bytes = 0;
-      for (auto& c : components)
-        for (const NamedTensor& nt : c.second->state_dict()) state_bytes += nt.tensor.nbytes();
-      room = memory_tier_has_room(manager->dir(), state_bytes, &why);
-    } catch (const Error& e) {
-      why = detail::cat("cannot measure '", tier->dir, "': ", e.message());
-    }
-    const int64_t over = agree_max(*group, room ? 0 : 1, "tutti.elastic.budget");
-    if (over && !warned_budget && group->rank() == 0)
-      TUTTI_LOG(kWarn) << (why.empty() ? "another rank has no room in its memory tier" : why)
-                       << ": commits are not kept (a restart resumes from the last commit "
-                          "that fitted)";
-    warned_budget = warned_budget || over;
-    return !over;
   }
 
   // In-process recovery (elastic_run, ULFM): why this loop cannot go on
@@ -106,18 +61,17 @@ class ElasticState::Impl {
     if (!have_commit) return "nothing was committed yet";
     return "";
   }
-  // After tutti::recover(): the manager over the new world, the reset
-  // callbacks (first: they re-lay out sharded state for the new size), then
-  // the newest commit loaded at the new size.
+  // After tutti::recover(): the commit managers over the new world, the
+  // reset callbacks (first: they re-lay out sharded state for the new size),
+  // then the newest commit loaded at the new size.
   void rebuild_after_recovery() {
     group = world();
-    manager.reset();  // its communicators were released by recover()
-    manager.reset(new CheckpointManager(group, manager_options));
+    commits->reopen(group);
     for (auto& cb : resets) cb();
-    const std::optional<LoadResult> r = manager->load(components);
+    const std::optional<LoadResult> r = commits->load(components);
     if (!r)
       TUTTI_THROW(kNotFound, "elastic: after recovering from lost ranks, no commit was found "
-                  "in '", manager->dir(), "' (the last one was step ", step, ")");
+                  "in '", commits->dir(), "' (the last one was step ", step, ")");
     step = r->step;
     metadata = r->metadata_json;
     have_commit = true;
@@ -125,18 +79,15 @@ class ElasticState::Impl {
 
   ProcessGroupPtr group;
   bool group_is_world = false;
-  CheckpointOptions manager_options;
   Components components;
   ElasticOptions options;
-  std::optional<MemoryTier> tier;
-  std::unique_ptr<CheckpointManager> manager;
+  std::unique_ptr<elastic::CommitTiers> commits;
   std::unique_ptr<PreemptionMonitor> own_monitor;
   std::vector<std::function<void()>> resets;
   int64_t step = 0;
   std::string metadata = "{}";
   bool have_commit = false;
   bool running = false;  // inside elastic_run
-  bool warned_budget = false;
 };
 
 ElasticState::ElasticState(ProcessGroupPtr group, Components components, ElasticOptions options)
@@ -146,13 +97,11 @@ ElasticState::~ElasticState() = default;
 
 void ElasticState::commit(int64_t step, const std::string& metadata_json) {
   Impl& s = *impl_;
-  if (s.room_for_commit()) {
-    s.manager->save(step, s.components, metadata_json);
-    s.manager->wait();
-    s.step = step;
-    s.metadata = metadata_json;
-    s.have_commit = true;
-  }
+  s.commits->save(step, s.components, metadata_json);
+  s.commits->wait();
+  s.step = step;
+  s.metadata = metadata_json;
+  s.have_commit = true;
   if (s.options.monitor->should_stop(*s.group) && s.running) {
     if (s.group->rank() == 0)
       TUTTI_LOG(kWarn) << "elastic: a stop notice was agreed at the commit of step " << step
@@ -167,13 +116,13 @@ void ElasticState::restore() {
   TUTTI_ARG_CHECK(s.have_commit, "ElasticState::restore: nothing committed or loaded yet");
   LoadOptions lo;
   lo.step = s.step;
-  s.manager->load(s.components, lo);
+  s.commits->load(s.components, lo);
 }
 
 int64_t ElasticState::step() const { return impl_->step; }
 const std::string& ElasticState::metadata() const { return impl_->metadata; }
-const std::string& ElasticState::dir() const { return impl_->manager->dir(); }
-bool ElasticState::memory_tier() const { return impl_->tier.has_value(); }
+const std::string& ElasticState::dir() const { return impl_->commits->dir(); }
+bool ElasticState::memory_tier() const { return impl_->commits->memory_tier(); }
 void ElasticState::on_reset(std::function<void()> callback) {
   impl_->resets.push_back(std::move(callback));
 }
@@ -189,7 +138,7 @@ namespace {
                    << "replica, the other " << r.new_size << " ranks go on from the commit of "
                    << "step " << s.step << "; exiting with code 0";
   s.running = false;
-  s.manager.reset();  // its communicators were released by the recovery
+  s.commits.reset();  // their communicators were released by the recovery
   try {
     shutdown();
   } catch (const std::exception& e) {
@@ -250,7 +199,7 @@ int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& t
   TUTTI_ARG_CHECK(s.options.tp_size >= 1 && s.group->size() % s.options.tp_size == 0,
                   "elastic_run: ElasticOptions::tp_size ", s.options.tp_size,
                   " must be positive and divide the group's ", s.group->size(), " ranks");
-  const std::optional<LoadResult> r = s.manager->load(s.components);
+  const std::optional<LoadResult> r = s.commits->load(s.components);
   if (r) {
     s.step = r->step;
     s.metadata = r->metadata_json;
@@ -272,7 +221,7 @@ int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& t
       break;
     } catch (const StopAtCommit&) {
       s.running = false;
-      s.manager.reset();  // closes the manager (its commit landed in commit())
+      s.commits.reset();  // closes the managers (the commit landed in commit())
       exit_preempted();
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kRanksLost || !scope) throw;
@@ -280,11 +229,7 @@ int elastic_run(ElasticState& state, const std::function<void(ElasticState&)>& t
     }
   }
   s.running = false;
-  if (s.tier) {
-    s.manager.reset();
-    agree_max(*s.group, 0, "tutti.elastic.finish");  // every rank closed its manager
-    if (local_rank() == 0) remove_memory_tier();
-  }
+  s.commits->finish();  // the memory tier's commits are not needed any more
   return 0;
 }
 

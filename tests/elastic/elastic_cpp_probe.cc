@@ -4,13 +4,15 @@
 // test) after an all-reduce that checks every rank holds the same w.
 // Commits every 3 steps with {"step": s} as metadata.
 //
-//   elastic_cpp_probe --steps N --out DIR [--kill RANK:STEP] [--notice RANK:STEP]
-//                     [--n ELEMENTS] [--commit-every K] [--step-ms MS]
+//   elastic_cpp_probe --steps N --out DIR [--kill RANK:STEP [--wipe-memory 1]]
+//                     [--notice RANK:STEP] [--n ELEMENTS] [--commit-every K] [--step-ms MS]
 // --n: w has that many elements (default 4), all alike, so that with a small
 // TUTTI_CKPT_CHUNK_MB every rank writes a chunk of it (tests/elastic/
 // memtier_test.py); --commit-every: default 3; --step-ms: a sleep per step.
 // Rank 0 rewrites DIR/committed with the step of each commit.
 // --kill: that rank _exit(9)s before that step (first attempt only);
+// --wipe-memory 1: with --kill, that rank first removes this user's memory
+// tier (TUTTI_MEM_DIR/tutti-<uid>), as a host reboot would;
 // --notice: that rank raises a stop notice before that step's work (first
 // attempt only), so every rank stops at the next commit.
 // Writes DIR/events.rank<R> lines "start <restart> <step>", "reset", and
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
   int64_t steps = 12;
   std::string out = ".";
   const char* kill = nullptr;
+  bool wipe_memory = false;
   const char* notice = nullptr;
   size_t n = 4;
   int64_t every = 3;
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
     if (!std::strcmp(argv[i], "--kill")) kill = argv[i + 1];
+    if (!std::strcmp(argv[i], "--wipe-memory")) wipe_memory = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--notice")) notice = argv[i + 1];
     if (!std::strcmp(argv[i], "--n")) n = static_cast<size_t>(std::atoll(argv[i + 1]));
     if (!std::strcmp(argv[i], "--commit-every")) every = std::atoll(argv[i + 1]);
@@ -75,7 +80,12 @@ int main(int argc, char** argv) {
   int rc = elastic_run(state, [&](ElasticState& s) {
     ev << "start " << restart << " " << s.step() << std::endl;
     for (int64_t step = s.step() + 1; step <= steps; ++step) {
-      if (restart == 0 && at(kill, rank, step)) _exit(9);
+      if (restart == 0 && at(kill, rank, step)) {
+        if (wipe_memory)
+          std::filesystem::remove_all(config::get_string("TUTTI_MEM_DIR") + "/tutti-" +
+                                      std::to_string(::getuid()));
+        _exit(9);
+      }
       if (restart == 0 && at(notice, rank, step)) {
         // As a SIGUSR1 from tutti-run would: every rank stops at the next commit.
         ::kill(::getpid(), SIGUSR1);

@@ -280,6 +280,31 @@ def test_example_runs_under_tutti_run(tmp_path):
     assert "size 2: epoch 0, batch 0" in log and "done: losses" in log, log[-3000:]
 
 
+def kill_rank1_under_tutti_run(tmp_path, env):
+    """Rank 1 dies before epoch 1 batch 4 (env has ELASTIC_KILL=1:1:4) under
+    tutti-run, which restarts the job once; tutti-run's log after it checked
+    the death and the progress to the 3rd commit."""
+    log = run([sys.executable, TUTTI_RUN, "--backoff", "0", "--max-restarts", "1", "--"]
+              + mpi_args(2, env)[1:], env, 0)
+    assert "failed with status 9" in log
+    assert "the committed step advanced to 3" in log, log[-3000:]
+    return log
+
+
+def assert_resumed_at_commit_3(tmp_path, reference):
+    """Both ranks started fresh, then resumed from the 3rd commit (epoch 1,
+    batch 3, sampler position 24), and the run ended bit-identical to the
+    uninterrupted one."""
+    ev = events(tmp_path)
+    starts = sorted((e["restart"], e["rank"], e["epoch"], e["batch"], e["commit"], e["position"])
+                    for e in ev if e["kind"] == "start")
+    assert starts == [(0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0),
+                      (1, 0, 1, 3, 3, 24), (1, 1, 1, 3, 3, 24)], starts
+    res = result(tmp_path)
+    assert_complete(res, 2)
+    assert res["weight"] == reference["weight"] and res["bias"] == reference["bias"]
+
+
 def test_kill_resumes_from_the_memory_tier_without_a_checkpoint_dir(tmp_path, reference):
     """No TUTTI_CKPT_DIR: commits go to the memory tier (TUTTI_MEM_DIR here
     to look inside; /dev/shm by default).  Rank 1 dies before epoch 1 batch
@@ -297,21 +322,31 @@ def test_kill_resumes_from_the_memory_tier_without_a_checkpoint_dir(tmp_path, re
     env = job_env(tmp_path, ELASTIC_KILL="1:1:4", TUTTI_MEM_DIR=str(mem))
     env.pop("TUTTI_CKPT_DIR")
     env.pop("TUTTI_JOB_ID", None)
-    log = run([sys.executable, TUTTI_RUN, "--backoff", "0", "--max-restarts", "1", "--"]
-              + mpi_args(2, env)[1:], env, 0)
-    assert "failed with status 9" in log
-    assert "the committed step advanced to 3" in log, log[-3000:]
+    log = kill_rank1_under_tutti_run(tmp_path, env)
     assert f"removed {user / 'killed-job'}" in log
-    ev = events(tmp_path)
-    starts = sorted((e["restart"], e["rank"], e["epoch"], e["batch"], e["commit"], e["position"])
-                    for e in ev if e["kind"] == "start")
-    assert starts == [(0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0),
-                      (1, 0, 1, 3, 3, 24), (1, 1, 1, 3, 3, 24)], starts
-    res = result(tmp_path)
-    assert_complete(res, 2)
-    assert res["weight"] == reference["weight"] and res["bias"] == reference["bias"]
+    assert_resumed_at_commit_3(tmp_path, reference)
     assert not (tmp_path / "ckpt").exists()
     assert os.listdir(user) == [], os.listdir(user)   # the job's directory is gone
+
+
+def test_kill_with_a_checkpoint_dir_resumes_from_ram(tmp_path, reference):
+    """TUTTI_CKPT_DIR and the memory tier together (src/elastic/commit_tiers.h):
+    every commit goes to memory, every 2nd (TUTTI_COMMIT_DURABLE_EVERY=2) to
+    the directory too.  Rank 1 dies before epoch 1 batch 4, after the 3rd
+    commit: the directory's newest is the 2nd, so the restarted job resumes
+    from the memory tier's 3rd (epoch 1, batch 3), says so, and ends
+    bit-identical to the uninterrupted run."""
+    mem = tmp_path / "mem"
+    mem.mkdir()
+    env = job_env(tmp_path, ELASTIC_KILL="1:1:4", TUTTI_MEM_DIR=str(mem),
+                  TUTTI_COMMIT_DURABLE_EVERY="2", TUTTI_LOG_LEVEL="info")
+    env.pop("TUTTI_JOB_ID", None)
+    log = kill_rank1_under_tutti_run(tmp_path, env)
+    assert "the commit of step 3 came from the memory tier (the newest in" in log, log[-3000:]
+    assert_resumed_at_commit_3(tmp_path, reference)
+    assert any(n.startswith("step-") for n in os.listdir(tmp_path / "ckpt"))
+    user = mem / f"tutti-{os.getuid()}"
+    assert os.listdir(user) == [], os.listdir(user)   # removed when the job ended
 
 
 def test_memory_tier_over_budget_keeps_commits_in_process_only(tmp_path, reference):

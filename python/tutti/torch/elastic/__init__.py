@@ -27,9 +27,11 @@ Horovod re-forms the job in-process; tutti checkpoints and restarts it
 (docs/python_checkpoint.md, "Elastic (Horovod-compatible)"):
 
 * ``state.commit()`` keeps the state in memory (``restore()`` returns to
-  it), writes it as a tutti checkpoint (TUTTI_CKPT_DIR or
-  ``configure(ckpt_dir=)``; without either, to the memory tier: node-local
-  shared memory that a restart on the same host reloads), then
+  it), writes it as a tutti checkpoint to the memory tier (node-local
+  shared memory that a restart reloads from RAM, copied to a buddy on the
+  next host) and, when TUTTI_CKPT_DIR or ``configure(ckpt_dir=)`` is set,
+  to that directory as the safety net (every TUTTI_COMMIT_DURABLE_EVERY-th
+  commit; a restart loads the newest commit complete in either), then
   ``check_host_updates()``.
 * ``check_host_updates()`` raises ``HostsUpdatedInterrupt`` on every rank
   when tutti-run wrote ``$TUTTI_ELASTIC_DIR/resize-requested`` or a rank
@@ -113,7 +115,7 @@ def _recover(state, lost, tp_size=1):
     lost_ranks = ",".join(str(x) for x in r["lost"])
     if r["leaving"]:
         _leave_with_tp_group(state, r, tp_size, lost_ranks)
-    _runtime._objects["manager"] = None  # its communicators were released by recover()
+    _runtime.reopen()
     state.on_reset()
     if state._durable_load() is None:
         raise _C.CheckpointError(f"rank {_C.rank()}: after recovering from lost ranks no "

@@ -15,7 +15,7 @@ from ..mpi_ops import Max, allreduce
 
 # Settings of configure(); None: the default.
 _config = {"ckpt_dir": None, "keep_last": 0, "async_commit": False, "monitor": None}
-_objects = {"manager": None, "monitor": None, "memory_tier": None, "warned_budget": False}
+_objects = {"manager": None, "monitor": None}
 # Files older than this process (less a margin for clock skew between the
 # launcher's host and this one) were written for an earlier job.
 _STARTED = time.time()
@@ -50,86 +50,39 @@ def ckpt_dir():
     return _config["ckpt_dir"] or os.environ.get("TUTTI_CKPT_DIR", "")
 
 
-def memory_tier():
-    """Without a checkpoint directory, commits go to the memory tier: this
-    job's directory in the node's shared memory (docs/python_checkpoint.md,
-    "Elastic"), which a restart on the same host reloads from RAM.  Its
-    info dict, or raises why it cannot serve this job.  On several hosts each
-    rank's commit files are also copied to a buddy rank on the next host
-    (docs/checkpoint.md, "Memory tier"), so that a restart after a lost host
-    resumes from memory."""
-    if _objects["memory_tier"] is None:
-        # A failure on one rank (a bad directory, an I/O error) must not leave
-        # the others waiting in the first collective: agree, then raise.
-        tier, problem = None, None
-        try:
-            tier = _C._open_memory_tier()
-        except _C.Error as e:
-            problem = e
-        failed = allreduce(torch.tensor([0 if problem is None else 1], dtype=torch.int64),
-                           op=Max, name="tutti.elastic.memory_tier").item()
-        if failed:
-            why = str(problem) if problem is not None else "it failed on another rank (see its error)"
-            raise error(_C.InvalidArgumentError,
-                        f"tutti.torch.elastic: no checkpoint directory for commits, and the "
-                        f"memory tier cannot keep them: {why} (or set TUTTI_CKPT_DIR)")
-        _objects["memory_tier"] = tier
-    return _objects["memory_tier"]
-
-
 def manager():
-    """The CheckpointManager commits go to (made on first use, collective):
-    TUTTI_CKPT_DIR / configure(ckpt_dir=), else the memory tier."""
+    """Where commits go (made on first use, collective): the memory tier
+    (node-local shared memory, copied to a buddy on the next host), and
+    TUTTI_CKPT_DIR / configure(ckpt_dir=) when set, as the safety net; a load
+    takes the newest commit complete in either (src/elastic/commit_tiers.h,
+    docs/elastic.md "Commits: the memory tier and the directory").  Raises
+    InvalidArgumentError when there is no directory and the memory tier
+    cannot serve the job."""
     if _objects["manager"] is None:
-        path = ckpt_dir()
-        kwargs = {"keep_last": int(_config["keep_last"]),
-                  "async_save": bool(_config["async_commit"])}
-        if not path:
-            path = os.path.join(memory_tier()["dir"], "commits")
-            kwargs["keep_last"] = kwargs["keep_last"] or 1   # the next one is written beside it
-            # An empty memory tier after a restart (the host rebooted, or the
-            # job died before its first commit) can only start fresh; the
-            # durable tier's "history expected" refusal is for directories.
-            kwargs["fresh_start"] = _C.FreshStart.ALLOW
-        _objects["manager"] = _ckpt.CheckpointManager(_C.world(), path, **kwargs)
+        try:
+            _objects["manager"] = _C._CommitTiers(
+                _C.world(), ckpt_dir(), keep_last=int(_config["keep_last"]),
+                async_save=bool(_config["async_commit"]))
+        except _C.InvalidArgumentError as e:
+            raise error(_C.InvalidArgumentError, f"tutti.torch.elastic: {e}") from e
     return _objects["manager"]
 
 
-def commit_fits(estimate=0):
-    """Collective: True unless the memory tier's budget cannot hold another
-    commit beside the ones it keeps (memory_tier_has_room: the job's
-    directory now plus the larger of the newest commit's size and
-    `estimate`, the bytes of the state to be saved).  Said once at WARN; the
-    same verdict on every rank (a local failure counts as "does not fit")."""
-    tier = _objects["memory_tier"]
-    if ckpt_dir() or tier is None:
-        return True
-    try:
-        fits, why = _C._memory_tier_has_room(os.path.join(tier["dir"], "commits"), int(estimate))
-    except _C.Error as e:
-        fits, why = False, f"cannot measure {tier['dir']}: {e}"
-    agreed = allreduce(torch.tensor([0 if fits else 1], dtype=torch.int64), op=Max,
-                       name="tutti.elastic.memory_budget").item() == 0
-    if not agreed and not _objects["warned_budget"]:
-        _objects["warned_budget"] = True
-        if _C.rank() == 0:
-            log(f"{why or 'another rank has no room in its memory tier'}: commits are kept "
-                "in this process only (restore() works; a restart resumes from the last "
-                "commit that fitted)")
-    return agreed
+def reopen():
+    """After tutti.recover(): the commit managers again, over the new world
+    (the old ones' communicators were released by the recovery)."""
+    if _objects["manager"] is not None:
+        _objects["manager"].reopen(_C.world())
 
 
 def finish():
     """The training function returned on every rank: the job's memory-tier
-    commits are not needed any more (removed once per host)."""
-    if _objects["memory_tier"] is not None and not ckpt_dir():
-        mgr = _objects["manager"]
-        if mgr is not None:
-            mgr.close()
-            _objects["manager"] = None
-        allreduce(torch.zeros(1), name="tutti.elastic.finish")  # every rank closed its manager
-        if _C.local_rank() == 0:
-            _C._remove_memory_tier()
+    commits are not needed any more (removed once per host; the directory's
+    stay)."""
+    mgr = _objects["manager"]
+    if mgr is not None:
+        mgr.wait()
+        mgr.finish()
 
 
 def monitor():

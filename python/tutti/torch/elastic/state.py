@@ -211,8 +211,6 @@ class ObjectState(State):
 
     def _durable_save(self):
         mgr = _runtime.manager()
-        if not _runtime.commit_fits():
-            return
         meta = self._meta(mgr)
         _torch_ckpt.save(mgr, meta["commit"], rng=False, metadata=meta)
         if not _runtime._config["async_commit"]:
@@ -270,22 +268,6 @@ class TorchState(ObjectState):
     def _samplers(self):
         return {n: getattr(self, n) for n in self._sampler_names}
 
-    def _state_bytes(self):
-        """Bytes of the tensors a commit writes (the memory tier's estimate
-        for a first commit)."""
-        def tensors(obj):
-            if torch.is_tensor(obj):
-                yield obj
-            elif isinstance(obj, dict):
-                for v in obj.values():
-                    yield from tensors(v)
-            elif isinstance(obj, (list, tuple)):
-                for v in obj:
-                    yield from tensors(v)
-        parts = [m.state_dict() for m in [self._model()] if m is not None]
-        parts += [o.state_dict() for o in [self._optimizer()] if o is not None]
-        return sum(t.numel() * t.element_size() for p in parts for t in tensors(p))
-
     def save(self):
         super().save()
         self._saved_models = {
@@ -324,8 +306,6 @@ class TorchState(ObjectState):
 
     def _durable_save(self):
         mgr = _runtime.manager()
-        if not _runtime.commit_fits(self._state_bytes()):
-            return
         meta = self._meta(mgr)
         position = {n: s.state_dict() for n, s in self._samplers().items()}
         _torch_ckpt.save(mgr, meta["commit"], model=self._model(), optimizer=self._optimizer(),
