@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 
-COMM_FAILURE = 76
+COMM_FAILURE = 76  # tutti::kCommFailureExitCode (TUTTI_EXIT_ON_COMM_FAILURE)
 MODES = ("auto", "on", "off")  # --ulfm
 # Allocations whose mpirun starts ranks on other hosts without -H/--hostfile.
 ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID", "FLUX_JOB_ID",

@@ -16,11 +16,10 @@ import time
 from . import hosts as H
 from . import memory
 from .cli import HOST_OPTIONS, MPIRUN_VALUES
-from .completion import Completion, mpirun_version
+from .completion import COMM_FAILURE, Completion, mpirun_version
 from .journal import Journal, committed_step
 
 PREEMPTED = 75
-COMM_FAILURE = 76  # tutti::kCommFailureExitCode (TUTTI_EXIT_ON_COMM_FAILURE)
 MAX_BACKOFF_S = 60.0
 PR_SET_PDEATHSIG = 1
 USR1_REPEAT_S = 2.0
