@@ -8,6 +8,7 @@
 #include "tutti/amp.h"
 #include "tutti/checkpoint.h"
 #include "tutti/comm.h"
+#include "tutti/commit_tiers.h"
 #include "tutti/config.h"
 #include "tutti/data_parallel.h"
 #include "tutti/device.h"

@@ -16,7 +16,7 @@
 
 #include "convert.h"
 #include "core/check.h"
-#include "elastic/commit_tiers.h"
+#include "tutti/commit_tiers.h"
 #include "tutti/checkpoint.h"
 
 namespace tutti {
@@ -318,7 +318,7 @@ void bind_checkpoint(pyb::module_& m) {
   pyb::class_<PyCommitTiers> commit_tiers(
       m, "_CommitTiers",
       "tutti.torch.elastic's commits: the memory tier, and the checkpoint directory "
-      "when one is set (src/elastic/commit_tiers.h).  The methods of CheckpointManager.");
+      "when one is set (include/tutti/commit_tiers.h).  The methods of CheckpointManager.");
   commit_tiers.def(pyb::init([](std::shared_ptr<ProcessGroup> group, std::string durable_dir,
                                 int keep_last, bool async_save, int durable_every, int memory) {
                      elastic::CommitTierOptions o;

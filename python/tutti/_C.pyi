@@ -296,7 +296,7 @@ def _close_checkpoint_managers() -> None: ...
 
 class _CommitTiers(_ManagerMethods):
     """tutti.torch.elastic's commits: the memory tier and the checkpoint
-    directory (src/elastic/commit_tiers.h); CheckpointManager's methods."""
+    directory (include/tutti/commit_tiers.h); CheckpointManager's methods."""
     def __init__(self, group: ProcessGroup, durable_dir: str = "", *, keep_last: int = 0,
                  async_save: bool = False, durable_every: int = 0,
                  memory: int = -1) -> None: ...

@@ -1,11 +1,12 @@
-// CommitTiers (commit_tiers.h): elastic commits in the memory tier and the
+// CommitTiers (include/tutti/commit_tiers.h): elastic commits in the memory tier and the
 // checkpoint directory, and the load that picks between them.
-#include "elastic/commit_tiers.h"
+#include "tutti/commit_tiers.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "core/check.h"
+#include "elastic/agree.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
 

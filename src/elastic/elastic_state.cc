@@ -1,5 +1,5 @@
 // ElasticState and elastic_run (include/tutti/elastic.h): commits to the
-// memory tier and the checkpoint directory (elastic/commit_tiers.h), a stop
+// memory tier and the checkpoint directory (tutti/commit_tiers.h), a stop
 // agreed at each commit, reset callbacks after a restart or a resize.
 #include "tutti/elastic.h"
 
@@ -13,7 +13,7 @@
 
 #include "comm/rank_list.h"
 #include "comm/registry.h"
-#include "elastic/commit_tiers.h"
+#include "tutti/commit_tiers.h"
 #include "core/check.h"
 #include "tutti/config.h"
 #include "tutti/log.h"

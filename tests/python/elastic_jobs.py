@@ -330,7 +330,7 @@ def test_kill_resumes_from_the_memory_tier_without_a_checkpoint_dir(tmp_path, re
 
 
 def test_kill_with_a_checkpoint_dir_resumes_from_ram(tmp_path, reference):
-    """TUTTI_CKPT_DIR and the memory tier together (src/elastic/commit_tiers.h):
+    """TUTTI_CKPT_DIR and the memory tier together (include/tutti/commit_tiers.h):
     every commit goes to memory, every 2nd (TUTTI_COMMIT_DURABLE_EVERY=2) to
     the directory too.  Rank 1 dies before epoch 1 batch 4, after the 3rd
     commit: the directory's newest is the 2nd, so the restarted job resumes

@@ -54,7 +54,7 @@ def manager():
     """Where commits go (made on first use, collective): the memory tier
     (node-local shared memory, copied to a buddy on the next host), and
     TUTTI_CKPT_DIR / configure(ckpt_dir=) when set, as the safety net; a load
-    takes the newest commit complete in either (src/elastic/commit_tiers.h,
+    takes the newest commit complete in either (include/tutti/commit_tiers.h,
     docs/elastic.md "Commits: the memory tier and the directory").  Raises
     InvalidArgumentError when there is no directory and the memory tier
     cannot serve the job."""

@@ -5,8 +5,14 @@
 // one is configured, every `durable_every` commits as the safety net.  A load
 // takes the newest commit complete in either tier (the memory tier at equal
 // steps: it is read from RAM) and says why when it falls back to the
-// directory.  Used by ElasticState and tutti.torch.elastic (_C._CommitTiers),
-// which therefore share one policy.
+// directory.  ElasticState and tutti.torch.elastic (_C._CommitTiers) commit
+// through it, so they share one policy; a training loop of its own can too:
+//
+//   tutti::elastic::CommitTiers commits(tutti::world(), {"/shared/ckpt"});
+//   if (auto r = commits.load(components)) start = r->step + 1;
+//   ...
+//   commits.save(step, components, "{}");   // collective
+//   commits.wait();
 #pragma once
 
 #include <cstdint>
@@ -21,9 +27,6 @@
 
 namespace tutti {
 namespace elastic {
-
-// Collective: the largest `v` over `group` (an all-reduce MAX named `name`).
-TUTTI_API int64_t agree_max(ProcessGroup& group, int64_t v, const char* name);
 
 struct CommitTierOptions {
   // The durable directory; "" : the memory tier only (it must serve the job).
