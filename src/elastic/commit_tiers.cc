@@ -3,6 +3,8 @@
 #include "tutti/commit_tiers.h"
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 #include <utility>
 
 #include "core/check.h"
@@ -190,14 +192,35 @@ void CommitTiers::save(int64_t step, const Components& components,
   s.check_open();
   ++s.commits;
   const bool in_memory = s.memory && s.memory_has_room(components);
-  if (in_memory) {
+  const bool in_dir = s.durable && (!in_memory || s.commits % s.durable_every == 0);
+  if (in_memory && in_dir && !s.options.async) {
+    // Both, at once: the directory's write on a thread of its own while the
+    // memory tier's runs here (each manager has its own communicator), so
+    // the commit costs the slower of the two, not their sum.  The state is
+    // only read, and the caller waits for both.
+    std::exception_ptr dir_error;
+    std::thread dir_save([&] {
+      try {
+        s.durable->save(step, components, metadata_json);
+      } catch (...) {
+        dir_error = std::current_exception();
+      }
+    });
+    std::exception_ptr memory_error;
+    try {
+      s.memory->save(step, components, metadata_json);
+    } catch (...) {
+      memory_error = std::current_exception();
+    }
+    dir_save.join();
+    if (memory_error) std::rethrow_exception(memory_error);
+    if (dir_error) std::rethrow_exception(dir_error);
+  } else if (in_memory) {
     s.memory->save(step, components, metadata_json);
-    s.last_saved = Tier::kMemory;
-  }
-  if (s.durable && (!in_memory || s.commits % s.durable_every == 0)) {
+  } else if (in_dir) {
     s.durable->save(step, components, metadata_json);
-    s.last_saved = Tier::kDurable;
   }
+  if (in_memory || in_dir) s.last_saved = in_dir ? Tier::kDurable : Tier::kMemory;
 }
 
 void CommitTiers::wait() {
