@@ -49,7 +49,7 @@ class TUTTI_API CommitTiers {
  public:
   // Collective over `group`.  kInvalidArgument on every rank when there is
   // no directory and the memory tier cannot serve the job; with a directory
-  // that only costs the memory tier (said once at WARN).
+  // that only costs the memory tier (said once at INFO).
   CommitTiers(ProcessGroupPtr group, CommitTierOptions options);
   ~CommitTiers();
   CommitTiers(const CommitTiers&) = delete;

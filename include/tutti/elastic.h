@@ -67,7 +67,7 @@ class TUTTI_API ElasticState {
  public:
   // Collective over `group`.  kInvalidArgument when no directory is set and
   // the memory tier cannot serve the job (no job id, no room); with a
-  // directory that only costs the memory tier (said once at WARN).
+  // directory that only costs the memory tier (said once at INFO).
   ElasticState(ProcessGroupPtr group, Components components, ElasticOptions options = {});
   ~ElasticState();
   ElasticState(const ElasticState&) = delete;

@@ -164,8 +164,10 @@ CommitTiers::CommitTiers(ProcessGroupPtr group, CommitTierOptions options)
       if (!has_dir)
         TUTTI_THROW(kInvalidArgument, "no checkpoint directory for commits, and the memory tier "
                     "cannot keep them: ", why, " (or set TUTTI_CKPT_DIR)");
+      // INFO, not WARN: with a directory the memory tier is a speed-up
+      // (restarts from RAM), and plain mpirun without a job id is common.
       if (s.group->rank() == 0)
-        TUTTI_LOG(kWarn) << "elastic: commits go to '" << s.options.durable_dir
+        TUTTI_LOG(kInfo) << "elastic: commits go to '" << s.options.durable_dir
                          << "' only: the memory tier cannot keep them: " << why;
       s.tier.reset();
     }
