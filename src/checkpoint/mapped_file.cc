@@ -4,6 +4,10 @@
 #include <sys/mman.h>
 #include <sys/vfs.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "core/check.h"
 #include "tutti/config.h"
 
 namespace tutti {
@@ -42,6 +46,19 @@ MappedFile MappedFile::map_if_in_ram(int fd, uint64_t bytes) {
   void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return m;  // the caller reads with pread instead
   ::madvise(p, static_cast<size_t>(bytes), MADV_SEQUENTIAL);
+  m.data_ = static_cast<const unsigned char*>(p);
+  m.size_ = bytes;
+  return m;
+}
+
+MappedFile MappedFile::map_whole(int fd, uint64_t bytes, bool writable,
+                                 const std::string& path) {
+  MappedFile m;
+  if (bytes == 0) return m;
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes),
+                   writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    TUTTI_THROW(kIo, "mapping '", path, "' (", bytes, " bytes) failed: ", std::strerror(errno));
   m.data_ = static_cast<const unsigned char*>(p);
   m.size_ = bytes;
   return m;

@@ -28,8 +28,14 @@ class MappedFile {
   // mapping is enabled; otherwise (or if mmap fails) an empty mapping, and
   // the caller reads with pread.
   static MappedFile map_if_in_ram(int fd, uint64_t bytes);
+  // Maps the `bytes` bytes of the open file `fd` (read-only, or read-write
+  // for a writable descriptor: the pages are the file's), wherever it lies;
+  // kIo naming `path` when mmap fails.
+  static MappedFile map_whole(int fd, uint64_t bytes, bool writable, const std::string& path);
 
   const unsigned char* data() const { return data_; }
+  // The bytes of a writable mapping (map_whole(..., true, ...)).
+  unsigned char* writable_data() const { return const_cast<unsigned char*>(data_); }
   uint64_t size() const { return size_; }
   bool mapped() const { return data_ != nullptr; }
 

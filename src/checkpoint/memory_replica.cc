@@ -3,7 +3,6 @@
 #include "checkpoint/memory_replica.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "checkpoint/catalog.h"
 #include "checkpoint/file_util.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/mapped_file.h"
 #include "checkpoint/retention.h"
 #include "core/check.h"
 #include "tutti/config.h"
@@ -27,56 +27,30 @@ constexpr int kBuddyTag = 0x7c50;  // buddy copies (private communicator)
 
 std::string message_of(const Error& e) { return e.message(); }
 
-// A shared mapping of a whole file, unmapped by its destructor.
-struct Mapping {
-  uint8_t* data = nullptr;
-  uint64_t size = 0;
-  Mapping() = default;
-  Mapping(int fd, uint64_t n, bool write, const std::string& path) {
-    void* p = ::mmap(nullptr, n, write ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-      TUTTI_THROW(kIo, "mapping '", path, "' (", n, " bytes) failed: ", std::strerror(errno));
-    data = static_cast<uint8_t*>(p);
-    size = n;
-  }
-  Mapping(Mapping&& o) noexcept : data(o.data), size(o.size) { o.data = nullptr; }
-  Mapping& operator=(Mapping&& o) noexcept {
-    if (this != &o) {
-      release();
-      data = o.data;
-      size = o.size;
-      o.data = nullptr;
-    }
-    return *this;
-  }
-  ~Mapping() { release(); }
-  void release() {
-    if (data) ::munmap(data, size);
-    data = nullptr;
-  }
-};
-
 }  // namespace
 
 void send_file(ProcessGroup& comm, const std::string& path, int peer, int tag,
                const OpOptions& o, std::string* error) {
   // Sent from a read-only mapping: no copy of the file on this side.
   File f;
-  Mapping map;
+  MappedFile map;
   int64_t size = -1;
   try {
     f = File::open_read(path);
     const uint64_t n = f.size();
-    if (n > 0) map = Mapping(f.fd(), n, /*write=*/false, path);
+    map = MappedFile::map_whole(f.fd(), n, /*writable=*/false, path);
     size = static_cast<int64_t>(n);
   } catch (const Error& e) {
     *error = message_of(e);
   }
   comm.send(Tensor::of(&size, 1), peer, tag, o);
   if (size <= 0) return;
-  for (uint64_t at = 0; at < map.size;) {
-    const uint64_t n = std::min<uint64_t>(kMemoryChunkBytes, map.size - at);
-    comm.send(Tensor(map.data + at, DType::kUInt8, Shape{static_cast<int64_t>(n)}), peer, tag, o);
+  for (uint64_t at = 0; at < map.size();) {
+    const uint64_t n = std::min<uint64_t>(kMemoryChunkBytes, map.size() - at);
+    // send() only reads the bytes of this read-only mapping.
+    comm.send(Tensor(const_cast<unsigned char*>(map.data()) + at, DType::kUInt8,
+                     Shape{static_cast<int64_t>(n)}),
+              peer, tag, o);
     at += n;
   }
 }
@@ -94,7 +68,7 @@ void recv_file(ProcessGroup& comm, int peer, int tag, const OpOptions& o,
   // pages are the file's), then renamed into place.
   const std::string tmp = join_path(dir, "." + name + ".tmp");
   int fd = -1;
-  Mapping map;
+  MappedFile map;
   std::vector<uint8_t> scratch;  // only to drain the messages after a local failure
   std::string local;
   try {
@@ -104,14 +78,14 @@ void recv_file(ProcessGroup& comm, int peer, int tag, const OpOptions& o,
     if (size > 0) {
       if (::ftruncate(fd, size) != 0)
         TUTTI_THROW(kIo, "sizing '", tmp, "' to ", size, " bytes failed: ", std::strerror(errno));
-      map = Mapping(fd, static_cast<uint64_t>(size), /*write=*/true, tmp);
+      map = MappedFile::map_whole(fd, static_cast<uint64_t>(size), /*writable=*/true, tmp);
     }
   } catch (const Error& e) {
     local = message_of(e);
   }
   for (uint64_t at = 0; at < static_cast<uint64_t>(size);) {
     const uint64_t n = std::min<uint64_t>(kMemoryChunkBytes, static_cast<uint64_t>(size) - at);
-    uint8_t* dst = map.data ? map.data + at : nullptr;
+    uint8_t* dst = map.mapped() ? map.writable_data() + at : nullptr;
     if (!dst) {
       scratch.resize(static_cast<size_t>(n));
       dst = scratch.data();
@@ -119,7 +93,7 @@ void recv_file(ProcessGroup& comm, int peer, int tag, const OpOptions& o,
     comm.recv(Tensor(dst, DType::kUInt8, Shape{static_cast<int64_t>(n)}), peer, tag, o);
     at += n;
   }
-  map = Mapping();
+  map = MappedFile();
   if (fd >= 0 && ::close(fd) != 0 && local.empty())  // RAM: no fsync (a lost host loses it anyway)
     local = detail::cat("closing '", tmp, "' failed: ", std::strerror(errno));
   if (local.empty()) {
