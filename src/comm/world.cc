@@ -308,8 +308,14 @@ RecoveryResult recover() {
   out.old_size = s.world->size();
   // 1. Every communicator over the old world fails now on every member
   //    (those that saw no error yet too), then the survivors shrink it.
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   revoke_all();
+  const double revoke_s = since(t0);
   const mpi::ulfm::Shrunk shrunk = mpi::ulfm::shrink(s.world_mpi->comm());
+  const auto t_release = Clock::now();
   out.lost = shrunk.lost;
   out.attempts = shrunk.attempts;
   // 2. Release everything derived from the old world: device communicators
@@ -322,9 +328,12 @@ RecoveryResult recover() {
   s.world.reset();
   s.world_mpi.reset();
   mpi::StatusService::instance().stop();
+  const double release_s = since(t_release);
   // 3. The survivors are the world now.
+  const auto t_build = Clock::now();
   mpi::ulfm::set_base(shrunk.comm);
   build_mpi_world(s, shrunk.comm);
+  const double build_s = since(t_build);
   s.any_poisoned = false;  // what timed out lived on the old world
   s.recovered = true;
   out.new_size = s.world->size();
@@ -336,6 +345,11 @@ RecoveryResult recover() {
                      << " in " << out.seconds << " s (" << out.attempts << " shrink"
                      << (out.attempts > 1 ? "s" : "") << ")";
   }
+  // Where the time went, on every survivor (docs/elastic.md: recovery
+  // across hosts).
+  TUTTI_LOG(kDebug) << "recover(): revoke " << revoke_s << " s, shrink " << shrunk.shrink_s
+                    << " s, agree " << shrunk.agree_s << " s, release " << release_s
+                    << " s, new world " << build_s << " s";
   return out;
 }
 

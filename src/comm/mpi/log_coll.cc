@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/mpi/ulfm.h"
 
 namespace tutti {
 namespace mpi {
@@ -166,21 +167,28 @@ bool Schedule::test(bool* progressed) {
     MPI_Status st[2];
     const int rc = MPI_Testall(nreqs_, reqs_, &flag, st);
     int64_t received = 0;
-    if (rc == MPI_ERR_IN_STATUS && has_recv_) {
-      // A frame larger than the receive buffer (MPI_ERR_TRUNCATE): the
-      // peer's frame has another size, which the subclass reports.  Any
-      // other error in a status is MPI failing.
+    if (rc == MPI_ERR_IN_STATUS) {
+      // A frame larger than the receive buffer (MPI_ERR_TRUNCATE on the
+      // receive, request 0): the peer's frame has another size, which the
+      // subclass reports.  Any other error in a status is MPI failing; a
+      // dead peer (ULFM) is raised before the rest, so that the survivors
+      // recover (the other request may read MPI_ERR_PENDING, or a send-only
+      // round's status hold the failure: MPI_ERR_IN_STATUS itself is no
+      // ULFM code, and raised as such ended an in-process recovery).
+      int error = MPI_SUCCESS;
       for (int i = 0; i < nreqs_; ++i) {
-        int cls = st[i].MPI_ERROR;
-        if (cls == MPI_SUCCESS) continue;
-        MPI_Error_class(st[i].MPI_ERROR, &cls);
-        if (i == 0 && cls == MPI_ERR_TRUNCATE) {
+        const int code = st[i].MPI_ERROR;
+        if (code == MPI_SUCCESS) continue;
+        int cls = code;
+        MPI_Error_class(code, &cls);
+        if (has_recv_ && i == 0 && cls == MPI_ERR_TRUNCATE) {
           received = -1;
           continue;
         }
-        throw_mpi_error(st[i].MPI_ERROR, "MPI_Testall", "a round of a tutti schedule",
-                        __FILE__, __LINE__);
+        if (error == MPI_SUCCESS || ulfm::is_failure(code)) error = code;
       }
+      if (error != MPI_SUCCESS)
+        throw_mpi_error(error, "MPI_Testall", "a round of a tutti schedule", __FILE__, __LINE__);
       flag = 1;
     } else if (rc != MPI_SUCCESS) {
       throw_mpi_error(rc, "MPI_Testall", "a round of a tutti schedule", __FILE__, __LINE__);

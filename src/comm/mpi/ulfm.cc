@@ -86,6 +86,10 @@ std::vector<int> to_base(MPI_Group group) {
 
 std::string rank_list(const std::vector<int>& ranks) { return comm::join_ranks(ranks, ", "); }
 
+[[maybe_unused]] double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace
 
 bool compiled() { return TUTTI_HAVE_ULFM != 0; }
@@ -211,6 +215,10 @@ void throw_ranks_lost(int rc, const char* expr, const std::string& context, cons
                       int line) {
   FtState& s = ft();
   if (!s.fired.exchange(true)) {
+    // The first failure this process sees since the last recovery: the
+    // start of a recovery in the logs (docs/elastic.md, recovery across
+    // hosts).
+    TUTTI_LOG(kDebug) << "a rank died: first seen in " << context << " (" << expr << ")";
     std::function<void()> fn;
     {
       std::lock_guard<std::mutex> lock(s.mu);
@@ -252,7 +260,9 @@ Shrunk shrink(MPI_Comm old, int max_attempts) {
     MPI_Comm_size(current, &members);
     MPIX_Comm_ack_failed(current, members, &acked);
     MPI_Comm next = MPI_COMM_NULL;
+    auto t = std::chrono::steady_clock::now();
     int rc = MPIX_Comm_shrink(current, &next);
+    out.shrink_s += seconds_since(t);
     if (rc == MPI_SUCCESS) {
       MPI_Comm_set_errhandler(next, MPI_ERRORS_RETURN);
       std::function<void(int)> hook;
@@ -265,7 +275,9 @@ Shrunk shrink(MPI_Comm old, int max_attempts) {
       // makes the agreement fail on every member (ULFM's guarantee), and
       // the shrink runs again over `next`.
       int flag = 1;
+      t = std::chrono::steady_clock::now();
       rc = MPIX_Comm_agree(next, &flag);
+      out.agree_s += seconds_since(t);
       if (current != old) MPI_Comm_free(&current);
       current = next;
       if (rc == MPI_SUCCESS) break;

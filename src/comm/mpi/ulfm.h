@@ -72,6 +72,8 @@ struct Shrunk {
   MPI_Comm comm = MPI_COMM_NULL;  // the survivors, in their old order
   std::vector<int> lost;          // ranks of `old` not in it (sorted)
   int attempts = 0;               // shrinks it took (a failure during one retries)
+  double shrink_s = 0;            // seconds in MPIX_Comm_shrink (all attempts)
+  double agree_s = 0;             // seconds in MPIX_Comm_agree (all attempts)
 };
 // Collective among the survivors of `old` (revoked or not): acknowledges the
 // failures, MPIX_Comm_shrink, then MPIX_Comm_agree on the new communicator;
