@@ -32,7 +32,9 @@
 #                        line), for launchers that wrap mpiexec (tutti-run).
 #   rsh HOST CMD...      the rsh agent OpenMPI invokes: runs CMD in HOST's
 #                        namespace (in its own UTS namespace, hostname P<i>,
-#                        so OpenMPI sees distinct nodes).
+#                        so OpenMPI sees distinct nodes), with TUTTI_MEM_DIR
+#                        /dev/shm/netns-P<i> (a memory tier per host; `down`
+#                        removes them).
 #   exec I CMD...        runs CMD in namespace P<I>.
 #   status               lists the hosts and their qdiscs.
 # Needs root, iproute2 (ip, tc) and util-linux (unshare).
@@ -46,6 +48,8 @@ die() { echo "netns_cluster: $*" >&2; exit 1; }
 
 state_file() { echo "$STATE_ROOT/$PREFIX.hosts"; }     # "ip ns" per line
 agent_file() { echo "$STATE_ROOT/$PREFIX-rsh"; }
+# A host's memory tier (TUTTI_MEM_DIR for the processes started on it).
+mem_dir() { echo "/dev/shm/netns-$1"; }
 
 # tbf burst: 4 ms of traffic at the rate, at least 64 KiB.
 burst_for() {
@@ -126,7 +130,10 @@ cmd_down() {
   local f
   f=$(state_file)
   if [[ -e $f ]]; then
-    while read -r _ ns; do ip netns del "$ns" 2>/dev/null || true; done <"$f"
+    while read -r _ ns; do
+      ip netns del "$ns" 2>/dev/null || true
+      rm -rf "$(mem_dir "$ns")"
+    done <"$f"
   fi
   ip link del "${PREFIX}br" 2>/dev/null || true
   rm -f "$f" "$(agent_file)" "$STATE_ROOT/$PREFIX.subnet"
@@ -167,9 +174,15 @@ cmd_rsh() {
   # when everything in the namespace is killed (a lost host): Open MPI 5's
   # launcher then sees its agent fail (status 137) and fails the job; with
   # the agent itself killed it ended the job with status 0.
-  local rc=0
+  # Each host also gets a memory tier of its own (TUTTI_MEM_DIR): the
+  # namespaces share this machine's /dev/shm, where real hosts each have
+  # theirs (elastic commits keep their newest copy there, and buddy copies
+  # go to the next host's).  Unless the job exports TUTTI_MEM_DIR itself.
+  local rc=0 mem
+  mem=$(mem_dir "$ns")
+  mkdir -p -m 0700 "$mem"
   ip netns exec "$ns" unshare --uts /bin/sh -c \
-    "{ hostname $ns || echo $ns > /proc/sys/kernel/hostname; } 2>/dev/null; $*" || rc=$?
+    "{ hostname $ns || echo $ns > /proc/sys/kernel/hostname; } 2>/dev/null; export TUTTI_MEM_DIR=$mem; $*" || rc=$?
   exit $rc
 }
 
