@@ -192,7 +192,16 @@ void CommitTiers::save(int64_t step, const Components& components,
                        const std::string& metadata_json) {
   Impl& s = *impl_;
   s.check_open();
-  ++s.commits;
+  // The count decides which commits also go to the directory, so every rank
+  // must hold the same: agreed, not counted locally.  A lost rank (ULFM) can
+  // fail a collective on some survivors and complete it on others; then
+  // some had entered the next commit (and counted it) and some had not, and
+  // the next due commit went to both tiers on some ranks only (seen on the
+  // netns rig: a commit's collectives on different managers, ended by
+  // TUTTI_TIMEOUT and a restart).
+  s.commits = s.durable && s.memory
+                  ? agree_max(*s.group, s.commits + 1, "tutti.elastic.commit_count")
+                  : s.commits + 1;
   const bool in_memory = s.memory && s.memory_has_room(components);
   const bool in_dir = s.durable && (!in_memory || s.commits % s.durable_every == 0);
   if (in_memory && in_dir && !s.options.async) {
