@@ -16,6 +16,7 @@
 #include "comm/rank_list.h"
 #include "comm/registry.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/gemm.h"
 #include "core/runtime_state.h"
 #include "core/stream_cache.h"
@@ -308,14 +309,10 @@ RecoveryResult recover() {
   out.old_size = s.world->size();
   // 1. Every communicator over the old world fails now on every member
   //    (those that saw no error yet too), then the survivors shrink it.
-  using Clock = std::chrono::steady_clock;
-  const auto since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
   revoke_all();
-  const double revoke_s = since(t0);
+  const double revoke_s = seconds_since(t0);
   const mpi::ulfm::Shrunk shrunk = mpi::ulfm::shrink(s.world_mpi->comm());
-  const auto t_release = Clock::now();
+  const auto t_release = std::chrono::steady_clock::now();
   out.lost = shrunk.lost;
   out.attempts = shrunk.attempts;
   // 2. Release everything derived from the old world: device communicators
@@ -328,17 +325,17 @@ RecoveryResult recover() {
   s.world.reset();
   s.world_mpi.reset();
   mpi::StatusService::instance().stop();
-  const double release_s = since(t_release);
+  const double release_s = seconds_since(t_release);
   // 3. The survivors are the world now.
-  const auto t_build = Clock::now();
+  const auto t_build = std::chrono::steady_clock::now();
   mpi::ulfm::set_base(shrunk.comm);
   build_mpi_world(s, shrunk.comm);
-  const double build_s = since(t_build);
+  const double build_s = seconds_since(t_build);
   s.any_poisoned = false;  // what timed out lived on the old world
   s.recovered = true;
   out.new_size = s.world->size();
   out.new_rank = s.world->rank();
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.seconds = seconds_since(t0);
   if (out.new_rank == 0) {
     TUTTI_LOG(kInfo) << "recovered in-process: lost world rank" << (out.lost.size() > 1 ? "s " : " ")
                      << comm::join_ranks(out.lost, ", ") << "; world size " << out.old_size << " -> " << out.new_size
@@ -458,7 +455,7 @@ RecoveryResult recover(const RecoveryOptions& options) {
     out.new_size = s.world->size();
     out.new_rank = s.world->rank();
   }
-  out.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.seconds += seconds_since(t0);
   if (out.new_rank == 0 || (out.leaving && me == drop.left.front()))
     TUTTI_LOG(kInfo) << "recovered a TP x DP mesh: tensor-parallel group(s) that lost world "
                      << "rank(s) " << comm::join_ranks(out.lost, ",") << " leave whole (their "

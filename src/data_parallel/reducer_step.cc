@@ -6,6 +6,7 @@
 
 #include "compression/cast.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/cuda_utils.h"
 #include "core/timeline.h"
 #include "data_parallel/reducer_impl.h"
@@ -16,13 +17,6 @@ namespace tutti {
 using dp::Bucket;
 using dp::Mode;
 
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 // What the sum is divided by: W / f (gradient_predivide_factor f; the
 // bucket was divided by f before the sum), 1 for kSum and compressors.

@@ -13,8 +13,9 @@
 
 #include "comm/rank_list.h"
 #include "comm/registry.h"
-#include "tutti/commit_tiers.h"
 #include "core/check.h"
+#include "core/clock.h"
+#include "tutti/commit_tiers.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
 #include "tutti/recovery.h"
@@ -186,8 +187,7 @@ void recover_or_raise(ElasticState::Impl& s, const Error& lost,
                      << comm::join_ranks(r.lost, ",") << ", "
                      << r.old_size << " -> " << r.new_size << " ranks, resumed from the commit "
                      << "of step " << s.step << " in "
-                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                            .count()
+                     << seconds_since(t0)
                      << " s";
   }
 }

@@ -14,6 +14,7 @@
 #include "comm/rank_list.h"
 #include "comm/registry.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "tutti/config.h"
 #include "tutti/log.h"
 
@@ -85,10 +86,6 @@ std::vector<int> to_base(MPI_Group group) {
 #endif
 
 std::string rank_list(const std::vector<int>& ranks) { return comm::join_ranks(ranks, ", "); }
-
-[[maybe_unused]] double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 }  // namespace
 
