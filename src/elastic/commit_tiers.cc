@@ -57,28 +57,29 @@ struct CommitTiers::Impl {
     if (!durable_options.dir.empty()) durable.reset(new CheckpointManager(group, durable_options));
   }
 
-  // Collective: whether the memory tier's budget holds this commit beside
-  // the newest, the same verdict on every rank (a local failure: no room).
-  bool memory_has_room(const Components& components) {
-    std::string why;
-    bool room = false;
+  // Local: whether the memory tier's budget holds this commit beside the
+  // newest (a failure to measure: no room); *why says why not.
+  bool local_room(const Components& components, std::string* why) const {
     try {
       uint64_t state_bytes = 0;
       for (auto& c : components)
         for (const NamedTensor& nt : c.second->state_dict()) state_bytes += nt.tensor.nbytes();
-      room = memory_tier_has_room(memory->dir(), state_bytes, &why);
+      return memory_tier_has_room(memory->dir(), state_bytes, why);
     } catch (const Error& e) {
-      why = detail::cat("cannot measure '", tier->dir, "': ", e.message());
+      *why = detail::cat("cannot measure '", tier->dir, "': ", e.message());
+      return false;
     }
-    const int64_t over = agree_max(*group, room ? 0 : 1, "tutti.elastic.budget");
-    if (over && !warned_budget && group->rank() == 0)
+  }
+
+  // Said once, on rank 0, when the ranks agreed that a commit does not fit.
+  void warn_no_room(const std::string& why) {
+    if (!warned_budget && group->rank() == 0)
       TUTTI_LOG(kWarn) << (why.empty() ? "another rank has no room in its memory tier" : why)
                        << (durable ? detail::cat(": commits go to '", durable->dir(),
                                                  "' only until they fit again")
                                    : std::string(": commits are not kept (a restart resumes "
                                                  "from the last commit that fitted)"));
-    warned_budget = warned_budget || over;
-    return !over;
+    warned_budget = true;
   }
 
   std::optional<LoadResult> load_newest(const Components& components, const LoadOptions& o) {
@@ -199,10 +200,19 @@ void CommitTiers::save(int64_t step, const Components& components,
   // the next due commit went to both tiers on some ranks only (seen on the
   // netns rig: a commit's collectives on different managers, ended by
   // TUTTI_TIMEOUT and a restart).
-  s.commits = s.durable && s.memory
-                  ? agree_max(*s.group, s.commits + 1, "tutti.elastic.commit_count")
-                  : s.commits + 1;
-  const bool in_memory = s.memory && s.memory_has_room(components);
+  // One all-reduce agrees on both that and the budget: {no room on some
+  // rank, the count}.
+  bool in_memory = false;
+  if (s.memory) {
+    std::string why;
+    int64_t agreed[2] = {s.local_room(components, &why) ? 0 : 1, s.commits + 1};
+    s.group->allreduce(Tensor::of(agreed, 2), ReduceOp::kMax, {"tutti.elastic.commit"});
+    s.commits = agreed[1];
+    in_memory = agreed[0] == 0;
+    if (!in_memory) s.warn_no_room(why);
+  } else {
+    ++s.commits;
+  }
   const bool in_dir = s.durable && (!in_memory || s.commits % s.durable_every == 0);
   if (in_memory && in_dir && !s.options.async) {
     // Both, at once: the directory's write on a thread of its own while the
